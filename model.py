@@ -1,0 +1,385 @@
+"""
+A GPT (nanoGPT's, itself after GPT-2) whose attention takes its positional information from
+positional.py and, optionally, a data-adaptive correction of its logits from dape.py.
+
+Attention, for one layer, with A = q.k/sqrt(hs) and B the encoding's bias:
+
+    logits = A + B                 (an additive encoding, no DAPE)
+    logits = A + B + f(A, B)       (DAPE; f and its variants in dape.py)
+    softmax(mask(logits)) . v
+
+It is computed in blocks of queries when the [batch, channel, query, key] maps would be large, which
+gives exactly the same result (every step is local to one query row) with memory bounded by the block:
+this is what lets a small model be evaluated at 8192 tokens on a CPU. Where no DAPE and no
+content-dependent term is involved, each block goes through F.scaled_dot_product_attention with the
+bias as a float mask, which computes the same function faster.
+"""
+
+import inspect
+import math
+import os
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from dape import DAPEV1, DAPEV2, VARIANTS
+from positional import ENCODINGS
+
+# Floats the attention of one layer may hold per query block, when it is not training (autograd keeps
+# every block anyway). 2**26 float32 = 256 MB.
+ATTN_BLOCK_BUDGET = 2 ** 26
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024  # training length
+    vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = False  # biases in Linears and LayerNorms
+    pos: str = "kerple"  # one of positional.ENCODINGS
+    dape: str = "none"  # none, v1, v2
+    dape_variant: str = "concat_residual"  # see dape.py
+    dape_width: int = 32  # hidden width D of f
+    dape_kernel: int = 3  # V2's kernel (1, k) along the key axis
+    causal: bool = True  # False: a bidirectional encoder (CHE)
+    rand_pos: bool = False  # randomized positions while training (Ruoss et al. 2023)
+    rand_pos_max: int = 0  # positions are drawn from [0, rand_pos_max); 0: 4 * block_size
+    fire_L0: int = 0  # FIRE's threshold L0; 0: block_size
+    attn_chunk: int = 0  # queries per attention block; 0: chosen from ATTN_BLOCK_BUDGET
+
+    def __post_init__(self):
+        def fail(msg):
+            raise ValueError(f"GPTConfig: {msg}")
+        if self.pos not in ENCODINGS:
+            fail(f"unknown pos={self.pos!r}; choose one of {', '.join(ENCODINGS)}")
+        if self.dape not in ("none", "v1", "v2"):
+            fail(f"unknown dape={self.dape!r}; choose none, v1 or v2")
+        if self.dape_variant not in VARIANTS:
+            fail(f"unknown dape_variant={self.dape_variant!r}; choose one of {', '.join(VARIANTS)}")
+        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "dape_width", "dape_kernel"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                fail(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.n_embd % self.n_head:
+            fail(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
+        if not 0.0 <= self.dropout < 1.0:
+            fail(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.dape_kernel % 2 == 0:
+            fail(f"dape_kernel must be odd (the (1, k) conv is centred on the key), got {self.dape_kernel}")
+        PE = ENCODINGS[self.pos]
+        if self.dape == "none" and self.dape_variant != "concat_residual":
+            fail(f"dape_variant={self.dape_variant!r} has no effect with dape='none'; set dape=v1 or v2")
+        if self.dape != "none" and not PE.has_bias and self.dape_variant != "concat_residual":
+            fail(f"dape_variant={self.dape_variant!r} needs a positional bias B, and pos={self.pos!r} has none "
+                 f"(its DAPE computes A + f(A)); use the default variant or an additive encoding "
+                 f"({', '.join(n for n, E in ENCODINGS.items() if E.has_bias)})")
+        if self.rand_pos:
+            if not PE.uses_positions:
+                fail(f"rand_pos has no effect with pos={self.pos!r}, which does not use positions")
+            self.rand_pos_max = self.rand_pos_max or 4 * self.block_size
+            if self.rand_pos_max < self.block_size:
+                fail(f"rand_pos_max={self.rand_pos_max} must be >= block_size={self.block_size}")
+        elif self.rand_pos_max:
+            fail(f"rand_pos_max={self.rand_pos_max} has no effect without rand_pos=True")
+        if self.fire_L0 and self.pos != "fire":
+            fail(f"fire_L0 has no effect with pos={self.pos!r}; it is FIRE's threshold")
+        if self.attn_chunk < 0:
+            fail(f"attn_chunk must be >= 0 (0: automatic), got {self.attn_chunk}")
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with an optional bias (PyTorch's has no bias=False before 2.1's elementwise flag)."""
+
+    def __init__(self, ndim, bias):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(ndim))
+        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
+
+    def forward(self, x):
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+
+
+class SelfAttention(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.n_head, self.n_embd = config.n_head, config.n_embd
+        self.head_size = config.n_embd // config.n_head
+        self.causal = config.causal
+        self.dropout = config.dropout
+        self.attn_chunk = config.attn_chunk
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        has_bias = ENCODINGS[config.pos].has_bias
+        if config.dape == "v1":
+            self.dape = DAPEV1(config.n_head, config.dape_width, config.dape_variant, has_bias)
+        elif config.dape == "v2":
+            self.dape = DAPEV2(config.n_head, config.dape_width, config.dape_kernel, config.dape_variant, has_bias)
+        else:
+            self.dape = None
+
+    def forward(self, x, pe, pos_q, pos_k, cache=None, layer=0):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, self.head_size).transpose(1, 2) for t in (q, k, v))
+        if pe.rotary:
+            q, k = pe.rotate(q, pos_q), pe.rotate(k, pos_q)
+        t0 = 0
+        if cache is not None:  # keys and values of earlier tokens come first
+            t0 = len(cache)
+            if t0:
+                k, v = torch.cat((cache.k[layer], k), dim=2), torch.cat((cache.v[layer], v), dim=2)
+            cache.k[layer], cache.v[layer] = k, v
+        y = self.attend(q, k, v, pe, pos_q, pos_k, t0)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+    def query_block(self, B, Tq, Tk):
+        if self.attn_chunk:
+            return self.attn_chunk
+        if torch.is_grad_enabled():
+            return Tq  # autograd keeps every block's tensors anyway: blocking would only cost time
+        width = self.dape.width if self.dape is not None else 0
+        per_query = B * Tk * (4 * self.n_head + 2 * width)  # A, B, logits, probs, f's hidden map
+        return max(1, min(Tq, ATTN_BLOCK_BUDGET // per_query))
+
+    def attend(self, q, k, v, pe, pos_q, pos_k, t0):
+        Tq, Tk = q.shape[2], k.shape[2]
+        step = self.query_block(q.shape[0], Tq, Tk)
+        ki = torch.arange(Tk, device=q.device)  # index of each key in the sequence
+        ys = []
+        for s in range(0, Tq, step):
+            e = min(s + step, Tq)
+            qi = torch.arange(t0 + s, t0 + e, device=q.device)
+            ys.append(self.attend_block(q[:, :, s:e], k, v, pe, pos_q[s:e], pos_k, qi, ki))
+        return ys[0] if len(ys) == 1 else torch.cat(ys, dim=2)
+
+    def attend_block(self, q, k, v, pe, pos_q, pos_k, qi, ki):
+        """Attention of the queries at sequence indices qi to all keys (indices ki)."""
+        future = ki[None, :] > qi[:, None] if self.causal else None  # [Q, Tk], True = masked
+        dropout_p = self.dropout if self.training else 0.0
+
+        if self.dape is None and not pe.needs_content:
+            # the same function through the fused kernel: the bias (if any) goes in as a float mask
+            if not pe.has_bias:
+                if future is None:
+                    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+                if q.shape[2] == k.shape[2]:  # then qi == ki: the ordinary square causal mask
+                    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=~future, dropout_p=dropout_p)
+            bias = pe.bias(pos_q, pos_k)
+            if future is not None:
+                bias = bias.masked_fill(future, float("-inf"))
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout_p)
+
+        A = (q @ k.transpose(-2, -1)).float() * (1.0 / math.sqrt(self.head_size))
+        if pe.contextual:
+            A = pe.logits(A, q, qi, ki)
+        B = pe.bias(pos_q, pos_k, q, k) if pe.has_bias else None
+        if self.dape is not None:
+            logits = self.dape(A, B, future)
+        else:
+            logits = A if B is None else A + B
+        if future is not None:
+            logits = logits.masked_fill(future, float("-inf"))
+        att = F.dropout(F.softmax(logits, dim=-1), dropout_p, self.training)
+        return att.to(v.dtype) @ v
+
+
+class MLP(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = SelfAttention(config)
+        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x, pe, pos_q, pos_k, cache=None, layer=0):
+        x = x + self.attn(self.ln_1(x), pe, pos_q, pos_k, cache, layer)
+        return x + self.mlp(self.ln_2(x))
+
+
+class KVCache:
+    """Keys, values and positions of the tokens seen so far, for incremental decoding."""
+
+    def __init__(self, n_layer):
+        self.k, self.v = [None] * n_layer, [None] * n_layer
+        self.pos = None
+
+    def __len__(self):
+        return 0 if self.pos is None else self.pos.numel()
+
+
+class GPT(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        assert isinstance(config, GPTConfig), "GPT takes a GPTConfig"
+        self.config = config
+        PE = ENCODINGS[config.pos]
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            ln_f=LayerNorm(config.n_embd, bias=config.bias),
+        ))
+        # one encoding per layer (Kerple, FIRE, ...) or one for the whole model (T5's table, ALiBi, RoPE)
+        self.pe = nn.ModuleList([PE(config) for _ in range(config.n_layer if PE.per_layer else 1)])
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # weight tying
+
+        self.apply(self._init_weights)
+        for pn, p in self.named_parameters():  # GPT-2's scaled init of the residual projections
+            if pn.endswith("c_proj.weight"):
+                torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+        # positional and DAPE modules keep the initialisation their papers give them, not GPT-2's
+        for block in self.transformer.h:
+            if block.attn.dape is not None:
+                block.attn.dape.reset_parameters()
+        for pe in self.pe:
+            pe.reset_parameters()
+
+    def _init_weights(self, module):
+        if isinstance(module, nn.Linear):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                torch.nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def get_num_params(self, non_embedding=True):
+        """Parameters, without the token embedding (tied to lm_head) and learned positions if asked."""
+        n_params = sum(p.numel() for p in self.parameters())
+        if non_embedding and self.config.pos == "learned":
+            n_params -= self.pe[0].wpe.weight.numel()
+        return n_params
+
+    def positions(self, T, t0=0, device=None):
+        """Positions of T new tokens after t0 earlier ones: 0, 1, 2, ... or, while training with
+        rand_pos, a sorted random subset of [0, rand_pos_max) (so that at evaluation the model has
+        already seen positions far beyond its training length)."""
+        if self.training and self.config.rand_pos:
+            if t0 + T > self.config.rand_pos_max:
+                raise ValueError(f"cannot draw {t0 + T} randomized positions from [0, {self.config.rand_pos_max}); "
+                                 f"raise rand_pos_max")
+            return torch.randperm(self.config.rand_pos_max, device=device)[:T].sort().values
+        return torch.arange(t0, t0 + T, device=device)
+
+    def forward(self, idx, targets=None, cache=None):
+        B, T = idx.shape
+        t0 = len(cache) if cache is not None else 0
+        pos_q = self.positions(T, t0, idx.device)
+        pos_k = pos_q if not t0 else torch.cat((cache.pos, pos_q))
+
+        x = self.transformer.wte(idx)
+        if self.pe[0].absolute:
+            x = x + self.pe[0].embed(pos_q)
+        x = self.transformer.drop(x)
+        for layer, block in enumerate(self.transformer.h):
+            pe = self.pe[layer if len(self.pe) > 1 else 0]
+            x = block(x, pe, pos_q, pos_k, cache, layer)
+        x = self.transformer.ln_f(x)
+        if cache is not None:
+            cache.pos = pos_k
+
+        if targets is not None:
+            logits = self.lm_head(x)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
+        else:
+            logits = self.lm_head(x[:, [-1], :])  # inference: only the last position is needed
+            loss = None
+        return logits, loss
+
+    def flops_per_token(self, T):
+        """Training FLOPs (forward + backward) per token at sequence length T: PaLM's 6N + 12 L H Q T
+        (nanoGPT's estimate_mfu), plus DAPE's f at each of the T (query, key) pairs per token."""
+        cfg = self.config
+        N = self.get_num_params()
+        L, H, Q = cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head
+        flops = 6 * N + 12 * L * H * Q * T
+        if cfg.dape != "none":
+            dape = self.transformer.h[0].attn.dape
+            k = cfg.dape_kernel if cfg.dape == "v2" else 1
+            flops += 3 * L * T * 2 * k * (dape.in_channels * cfg.dape_width + cfg.dape_width * H)
+        return flops
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        """AdamW with weight decay on matrices (embeddings, Linear and conv weights) only: biases, norms
+        and the scalar/vector parameters of the encodings (Kerple's r1, r2, ...) are not decayed."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        decay = [p for p in params if p.dim() >= 2]
+        no_decay = [p for p in params if p.dim() < 2]
+        groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        use_fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **({"fused": True} if use_fused else {}))
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+        """Continue idx [B, T] by max_new_tokens sampled tokens, feeding one token at a time through a
+        KV cache; the length is not capped (except by `learned`, whose table ends at block_size)."""
+        if not self.config.causal:
+            raise ValueError("generate needs a causal model; this one was built with causal=False")
+        cache = KVCache(self.config.n_layer)
+        logits, _ = self(idx, cache=cache)
+        for _ in range(max_new_tokens):
+            logits = logits[:, -1, :] / max(temperature, 1e-8)
+            if top_k is not None:
+                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                logits[logits < v[:, [-1]]] = -float("inf")
+            if temperature == 0:
+                idx_next = logits.argmax(dim=-1, keepdim=True)
+            else:
+                idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+            idx = torch.cat((idx, idx_next), dim=1)
+            logits, _ = self(idx_next, cache=cache)
+        return idx
+
+
+def load_checkpoint(path, device="cpu"):
+    """Load a train.py checkpoint (a ckpt.pt file or the out_dir holding one) and build its model.
+    Returns (model, checkpoint dict). Errors name the file and what to do."""
+    if os.path.isdir(path):
+        path = os.path.join(path, "ckpt.pt")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no checkpoint at {path}; train one first: python train.py <config> --out_dir=...")
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=True)
+    except Exception as e:
+        raise ValueError(f"{path} is not a readable checkpoint ({type(e).__name__}: {e}); "
+                         f"it may be truncated or not written by train.py") from e
+    if not isinstance(ckpt, dict) or "model" not in ckpt or "model_args" not in ckpt:
+        raise ValueError(f"{path} is not a train.py checkpoint: it needs the keys 'model' and 'model_args'")
+    known = {f.name for f in fields(GPTConfig)}
+    unknown = set(ckpt["model_args"]) - known
+    if unknown:
+        raise ValueError(f"{path} has model options this model.py does not know: {sorted(unknown)}")
+    model = GPT(GPTConfig(**ckpt["model_args"]))
+    state = {}
+    for k, v in ckpt["model"].items():  # torch.compile and DDP wrap names; the model does not
+        for prefix in ("_orig_mod.", "module."):
+            k = k[len(prefix):] if k.startswith(prefix) else k
+        state[k] = v
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{path} does not match its own model_args: missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}")
+    return model.to(device), ckpt

@@ -1,0 +1,371 @@
+"""
+Positional encodings, one small class each.
+
+Every encoding answers the same few questions, so that the attention in model.py never needs to
+know which one it is talking to:
+
+    absolute      adds embed(pos) [T, C] to the token embeddings, once, below the first layer
+    rotary        rotates q and k by their positions: rotate(x, pos)
+    has_bias      adds a bias B to the logits: bias(pos_q, pos_k, q, k) -> [H, Tq, Tk] or [B, H, Tq, Tk];
+                  this B is what DAPE reads as its second input
+    contextual    adds a content-dependent term to the logits A themselves: logits(A, q, qi, ki)
+    needs_content B or the extra term depends on q/k, so it must be computed per batch element
+    per_layer     each layer has its own instance (False: one instance shared by all layers)
+
+`pos` are absolute positions (int64, [T]); distances are pos_q - pos_k, built in float32 whatever
+the autocast dtype (fp16 cannot hold every integer above 2048). Biases are only ever read on and below
+the diagonal in causal mode; above it they hold the value at distance 0 and are masked afterwards.
+
+To add an encoding: write a class below that sets the flags it needs and implements the matching
+method(s), and add it to ENCODINGS at the bottom of the file.
+"""
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class PositionalEncoding(nn.Module):
+    absolute = False
+    rotary = False
+    has_bias = False
+    contextual = False
+    needs_content = False
+    per_layer = True
+    uses_positions = True  # False: randomized positions would change nothing
+
+    def __init__(self, config):
+        super().__init__()
+        self.n_head = config.n_head
+        self.head_size = config.n_embd // config.n_head
+        self.causal = config.causal
+
+    def reset_parameters(self):
+        pass
+
+    def distance(self, pos_q, pos_k):
+        """Float32 distances [Tq, Tk]: i - j clamped at 0 (causal) or |i - j| (bidirectional)."""
+        d = pos_q.float()[:, None] - pos_k.float()[None, :]
+        return d.clamp(min=0) if self.causal else d.abs()
+
+
+def _clamp_forward(p, lo, hi=None):
+    # The value is clamped but the gradient passes as if it were not: a parameter that strays out of
+    # range can still be pulled back in (a clamp alone would freeze it with a zero gradient), and no
+    # in-place write to a parameter is needed inside the forward (which would break autograd).
+    return p + (p.clamp(lo, hi) - p).detach()
+
+
+def sinusoid(x, dim):
+    """[..., dim] sin/cos features of float positions x (Vaswani et al.), float32."""
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim))
+    angles = x.float()[..., None] * inv_freq
+    return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)[..., :dim]
+
+
+# -----------------------------------------------------------------------------
+# absolute encodings: added to the token embeddings
+
+
+class NoPE(PositionalEncoding):
+    """No positional information at all; in causal mode the mask alone carries position."""
+    uses_positions = False
+
+
+class Learned(PositionalEncoding):
+    """GPT-2's learned absolute table. It has a row per position it was trained on and no more."""
+    absolute = True
+    per_layer = False
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.n_positions = config.rand_pos_max if config.rand_pos else config.block_size
+        self.wpe = nn.Embedding(self.n_positions, config.n_embd)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        nn.init.normal_(self.wpe.weight, std=0.02)
+
+    def embed(self, pos):
+        if int(pos.max()) >= self.n_positions:
+            raise ValueError(
+                f"pos='learned' has a table of {self.n_positions} positions and cannot encode position "
+                f"{int(pos.max())}: it cannot run past its training length. Evaluate it at lengths "
+                f"<= {self.n_positions}, or use a relative encoding (alibi, kerple, fire, ...).")
+        return self.wpe(pos)
+
+
+class Sinusoidal(PositionalEncoding):
+    """Vaswani et al.'s fixed sin/cos absolute encoding."""
+    absolute = True
+    per_layer = False
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.n_embd = config.n_embd
+
+    def embed(self, pos):
+        return sinusoid(pos, self.n_embd)
+
+
+# -----------------------------------------------------------------------------
+# rotary
+
+
+class RoPE(PositionalEncoding):
+    """Su et al.: rotate pairs of q/k features by angle pos * base^(-2i/d); q.k then depends on i - j.
+    Angles are computed from the positions at every call: no cached table, so no length cap."""
+    rotary = True
+    per_layer = False
+
+    def __init__(self, config, base=10000.0):
+        super().__init__(config)
+        if self.head_size % 2:
+            raise ValueError(f"pos='rope' needs an even head size, got n_embd/n_head = {self.head_size}")
+        self.base = base
+
+    def rotate(self, x, pos):
+        # x: [B, H, T, hs]; GPT-NeoX layout: feature i is paired with feature i + hs/2
+        half = self.head_size // 2
+        inv_freq = self.base ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+        angles = pos.float()[:, None] * inv_freq  # [T, hs/2] float32
+        cos, sin = angles.cos(), angles.sin()
+        x1, x2 = x.float()[..., :half], x.float()[..., half:]
+        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        return out.type_as(x)
+
+
+# -----------------------------------------------------------------------------
+# additive biases B[h, i, j]
+
+
+def t5_relative_bucket(relative_position, bidirectional, num_buckets=32, max_distance=128):
+    """T5's bucketing of relative_position = key - query: half the buckets are exact small
+    distances, the rest grow logarithmically up to max_distance; farther goes to the last bucket.
+    Bidirectional mode spends half the buckets on each direction."""
+    buckets = torch.zeros_like(relative_position, dtype=torch.long)
+    if bidirectional:
+        num_buckets //= 2
+        buckets += (relative_position > 0).long() * num_buckets
+        n = relative_position.abs()
+    else:
+        n = (-relative_position).clamp(min=0)
+    max_exact = num_buckets // 2
+    is_small = n < max_exact
+    # float32 log of n (n >= max_exact here; the clamp only guards the branch not taken)
+    log_ratio = torch.log(n.float().clamp(min=max_exact) / max_exact) / math.log(max_distance / max_exact)
+    large = max_exact + (log_ratio * (num_buckets - max_exact)).long()
+    large = large.clamp(max=num_buckets - 1)
+    return buckets + torch.where(is_small, n.long(), large)
+
+
+class T5Bias(PositionalEncoding):
+    """Raffel et al.: a learned scalar per (bucket of distance, head), one table for all layers."""
+    has_bias = True
+    per_layer = False
+
+    def __init__(self, config, num_buckets=32, max_distance=128):
+        super().__init__(config)
+        self.num_buckets, self.max_distance = num_buckets, max_distance
+        self.table = nn.Embedding(num_buckets, config.n_head)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        nn.init.normal_(self.table.weight, std=0.02)
+
+    def bias(self, pos_q, pos_k, q=None, k=None):
+        rel = pos_k[None, :] - pos_q[:, None]
+        buckets = t5_relative_bucket(rel, not self.causal, self.num_buckets, self.max_distance)
+        return self.table(buckets).float().permute(2, 0, 1)  # [H, Tq, Tk]
+
+
+def alibi_slopes(n_head):
+    """Press et al.'s head slopes: the geometric sequence 2^(-8h/n) for n a power of two; otherwise
+    the slopes for the largest power of two below n_head, then every other slope of the next one."""
+    def power_of_two_slopes(n):
+        return [2 ** (-8 * h / n) for h in range(1, n + 1)]
+    closest = 2 ** math.floor(math.log2(n_head))
+    slopes = power_of_two_slopes(closest)
+    slopes += power_of_two_slopes(2 * closest)[0::2][: n_head - closest]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+class ALiBi(PositionalEncoding):
+    """Press et al.: B = -m_h * d with fixed per-head slopes."""
+    has_bias = True
+    per_layer = False
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.register_buffer("slopes", alibi_slopes(config.n_head), persistent=False)
+
+    def bias(self, pos_q, pos_k, q=None, k=None):
+        return -self.slopes[:, None, None] * self.distance(pos_q, pos_k)
+
+
+class Kerple(PositionalEncoding):
+    """Chi et al., logarithmic variant: B = -r1 * log(1 + r2 * d), r1, r2 > 0 learned per head."""
+    has_bias = True
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.r1 = nn.Parameter(torch.empty(config.n_head, 1, 1))
+        self.r2 = nn.Parameter(torch.empty(config.n_head, 1, 1))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        nn.init.uniform_(self.r1, 0, 2)
+        nn.init.uniform_(self.r2, 0, 1)
+
+    def bias(self, pos_q, pos_k, q=None, k=None):
+        r1, r2 = _clamp_forward(self.r1, 0.01).float(), _clamp_forward(self.r2, 0.01).float()
+        return -r1 * torch.log1p(r2 * self.distance(pos_q, pos_k))
+
+
+class KerplePower(PositionalEncoding):
+    """Chi et al., power variant: B = -a * d^p, a > 0, 0 < p <= 2 learned per head."""
+    has_bias = True
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.a = nn.Parameter(torch.empty(config.n_head, 1, 1))
+        self.p = nn.Parameter(torch.empty(config.n_head, 1, 1))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        nn.init.uniform_(self.a, 0, 1)
+        nn.init.uniform_(self.p, 0, 2)
+
+    def bias(self, pos_q, pos_k, q=None, k=None):
+        a, p = _clamp_forward(self.a, 0.01).float(), _clamp_forward(self.p, 0.01, 2.0).float()
+        d = self.distance(pos_q, pos_k)
+        # d^p has gradient d^p * log(d) in p, which is 0 * -inf at d = 0: keep d = 0 out of the power
+        d_pow = torch.where(d > 0, d.clamp(min=1).pow(p), torch.zeros_like(d))
+        return -a * d_pow
+
+
+class FIRE(PositionalEncoding):
+    """Li et al.: B = f(psi(d) / psi(max(i, L))) with psi(x) = log(c*x + 1) and f an MLP 1 -> 32 -> H.
+    Dividing by the query's own (progressive) position keeps the MLP's input in [0, 1] at any length;
+    L = |L_mult| * L0 stops short queries from seeing huge normalised distances."""
+    has_bias = True
+
+    def __init__(self, config, width=32, eps=1e-6):
+        super().__init__(config)
+        self.L0 = float(config.fire_L0 or config.block_size)
+        self.eps = eps
+        self.mlp = nn.Sequential(nn.Linear(1, width), nn.ReLU(), nn.Linear(width, config.n_head))
+        self.c = nn.Parameter(torch.empty(()))
+        self.L_mult = nn.Parameter(torch.empty(()))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        for layer in (self.mlp[0], self.mlp[2]):
+            layer.reset_parameters()
+        nn.init.constant_(self.c, 0.1)
+        nn.init.constant_(self.L_mult, 1.0)
+
+    def bias(self, pos_q, pos_k, q=None, k=None):
+        c = self.c.abs().float()
+        psi = lambda x: torch.log(c * x + 1)
+        d = self.distance(pos_q, pos_k)
+        threshold = (self.L_mult.abs() * self.L0).float()
+        denom = psi(torch.maximum(pos_q.float(), threshold))[:, None] + self.eps  # [Tq, 1]
+        x = (psi(d) / denom)[..., None]  # [Tq, Tk, 1]
+        # the MLP runs in float32 even under autocast: its input resolves distances 1/8192 apart
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            b = self.mlp(x.float())
+        return b.permute(2, 0, 1)  # [H, Tq, Tk]
+
+
+# -----------------------------------------------------------------------------
+# content-dependent encodings
+
+
+class CoPE(PositionalEncoding):
+    """Golovneva et al.: contextual positions. A gate g_ij = sigmoid(A_ij) decides whether key j counts
+    for query i; p_ij = sum of the gates between j and i (fractional), and the logit gains q_i . e[p_ij],
+    e interpolated between the two nearest integer positions. It has no bias B: DAPE reads A + this."""
+    contextual = True
+    needs_content = True
+    uses_positions = False
+
+    def __init__(self, config, npos_max=64):
+        super().__init__(config)
+        self.npos_max = npos_max
+        self.pos_emb = nn.Parameter(torch.zeros(self.head_size, npos_max))  # shared by heads
+
+    def reset_parameters(self):
+        nn.init.zeros_(self.pos_emb)
+
+    def logits(self, A, q, qi, ki):
+        # A: [B, H, Q, Tk] scaled logits; qi: key-index of each query [Q]; ki: [Tk]
+        gates = torch.sigmoid(A.float())
+        before = ki[None, :] <= qi[:, None]  # key j at or before query i
+        if self.causal:
+            gates = gates.masked_fill(~before, 0.0)  # future keys count for nothing
+        csum = gates.cumsum(dim=-1)
+        col = qi.view(1, 1, -1, 1).expand(*A.shape[:-1], 1)
+        csum_i, gate_i = csum.gather(-1, col), gates.gather(-1, col)
+        # gates summed over the keys between j and i, both ends included, whichever comes first
+        p = torch.where(before, csum_i - csum + gates, csum - csum_i + gate_i)
+        p = p.clamp(max=self.npos_max - 1)
+        logits_int = q.float() @ self.pos_emb.float()  # [B, H, Q, npos_max]
+        p_floor = p.floor()
+        w = p - p_floor
+        lo = logits_int.gather(-1, p_floor.long())
+        hi = logits_int.gather(-1, p.ceil().long())
+        return A + hi * w + lo * (1 - w)
+
+
+class XLRelative(PositionalEncoding):
+    """Dai et al. (Transformer-XL): B_ij = (u . k_j + (q_i + v) . W_R R_{i-j}) / sqrt(hs), with R the
+    sinusoid of the relative distance and u, v learned content and position biases per head."""
+    has_bias = True
+    needs_content = True
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.n_embd = config.n_embd
+        self.W_R = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.u = nn.Parameter(torch.zeros(config.n_head, self.head_size))
+        self.v = nn.Parameter(torch.zeros(config.n_head, self.head_size))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        nn.init.normal_(self.W_R.weight, std=0.02)
+        nn.init.zeros_(self.u)
+        nn.init.zeros_(self.v)
+
+    def bias(self, pos_q, pos_k, q=None, k=None):
+        B, H, Q, hs = q.shape
+        rel = pos_q[:, None] - pos_k[None, :]  # signed distance i - j, int64
+        if self.causal:
+            rel = rel.clamp(min=0)
+        lo = int(rel.min())
+        dists = torch.arange(lo, int(rel.max()) + 1, device=q.device)
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            r = self.W_R(sinusoid(dists, self.n_embd)).view(-1, H, hs).transpose(0, 1)  # [H, Nd, hs]
+            pos_term = (q.float() + self.v[:, None, :]) @ r.transpose(1, 2)  # [B, H, Q, Nd]
+            pos_term = pos_term.gather(-1, (rel - lo).expand(B, H, Q, -1))
+            content_term = (k.float() @ self.u[:, :, None]).transpose(-1, -2)  # [B, H, 1, Tk]
+        return (pos_term + content_term) / math.sqrt(hs)
+
+
+# -----------------------------------------------------------------------------
+
+ENCODINGS = {
+    "nope": NoPE,
+    "learned": Learned,
+    "sinusoidal": Sinusoidal,
+    "rope": RoPE,
+    "t5": T5Bias,
+    "alibi": ALiBi,
+    "kerple": Kerple,
+    "kerple_power": KerplePower,
+    "fire": FIRE,
+    "cope": CoPE,
+    "xl": XLRelative,
+}
