@@ -284,7 +284,10 @@ class GPT(nn.Module):
             return torch.randperm(self.config.rand_pos_max, device=device)[:T].sort().values
         return torch.arange(t0, t0 + T, device=device)
 
-    def forward(self, idx, targets=None, cache=None):
+    def forward(self, idx, targets=None, cache=None, last=None):
+        """idx [B, T] -> (logits, loss). Logits cover every position when targets [B, T] are given (loss
+        ignores targets of -1), only the last position otherwise; with `last`, only the last `last`
+        positions and their targets (evaluation at long lengths need not hold [B, T, vocab] logits)."""
         B, T = idx.shape
         t0 = len(cache) if cache is not None else 0
         pos_q = self.positions(T, t0, idx.device)
@@ -301,12 +304,15 @@ class GPT(nn.Module):
         if cache is not None:
             cache.pos = pos_k
 
+        if last is not None:
+            x = x[:, -last:]
+            targets = targets[:, -last:] if targets is not None else None
+        elif targets is None:
+            x = x[:, [-1]]  # inference: only the last position is needed
+        logits = self.lm_head(x)
+        loss = None
         if targets is not None:
-            logits = self.lm_head(x)
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
-        else:
-            logits = self.lm_head(x[:, [-1], :])  # inference: only the last position is needed
-            loss = None
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
     def flops_per_token(self, T):
@@ -339,8 +345,9 @@ class GPT(nn.Module):
         if not self.config.causal:
             raise ValueError("generate needs a causal model; this one was built with causal=False")
         cache = KVCache(self.config.n_layer)
-        logits, _ = self(idx, cache=cache)
-        for _ in range(max_new_tokens):
+        for step in range(max_new_tokens):
+            # the prompt once, then only the newest token: the cache holds the keys and values of the rest
+            logits, _ = self(idx if step == 0 else idx[:, -1:], cache=cache)
             logits = logits[:, -1, :] / max(temperature, 1e-8)
             if top_k is not None:
                 v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
@@ -350,7 +357,6 @@ class GPT(nn.Module):
             else:
                 idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
             idx = torch.cat((idx, idx_next), dim=1)
-            logits, _ = self(idx_next, cache=cache)
         return idx
 
 
