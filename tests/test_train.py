@@ -1,0 +1,263 @@
+"""train.py on CPU: a few steps on a tiny generated dataset, exact resume, atomic checkpoints,
+non-finite losses, data errors, configs, and 2-process DDP / FSDP runs through torchrun (gloo)."""
+import dataclasses
+import glob
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import train
+from configurator import ConfigError, configure
+from model import GPT, GPTConfig, load_checkpoint
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, gradient_accumulation_steps=2,
+            eval_interval=100, eval_iters=2, log_interval=100, learning_rate=3e-3, warmup_iters=2,
+            lr_decay_iters=20, max_iters=20, device='cpu')
+
+
+def make_dataset(root, name='tiny', vocab=64, dtype=np.uint8, n_train=6000, n_val=1200):
+    """A repeated random pattern (learnable) in data_root/name/, in the format of data/*/prepare.py."""
+    d = os.path.join(root, name)
+    os.makedirs(d, exist_ok=True)
+    pattern = np.random.default_rng(0).integers(0, vocab, size=37)
+    train_ids = np.resize(pattern, n_train).astype(dtype)
+    val_ids = np.resize(pattern[5:], n_val).astype(dtype)
+    train_ids.tofile(os.path.join(d, 'train.bin'))
+    val_ids.tofile(os.path.join(d, 'val.bin'))
+    meta = {'vocab_size': vocab, 'tokenizer': 'byte' if dtype == np.uint8 else 'gpt2',
+            'dtype': np.dtype(dtype).name, 'eot_token': 0, 'train_tokens': n_train, 'val_tokens': n_val}
+    with open(os.path.join(d, 'meta.json'), 'w') as f:
+        json.dump(meta, f)
+    return d
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # these models are tiny: a second thread only adds synchronisation, and on a busy 2-core machine
+    # OpenMP threads that wait for each other make a step 10-50x slower
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
+def data_root(tmp_path):
+    make_dataset(str(tmp_path / 'data'))
+    return str(tmp_path / 'data')
+
+
+def run(data_root, out_dir, **kw):
+    return train.train(TINY, dataset='tiny', data_root=data_root, out_dir=str(out_dir), **kw)
+
+
+def test_every_model_option_is_a_config_key():
+    for f in dataclasses.fields(GPTConfig):
+        assert f.name in train.DEFAULTS
+    cfg = configure(train.DEFAULTS, ['--pos=kerple', '--dape=v2', '--dape_kernel=5', '--rand_pos=True'])
+    assert (cfg['pos'], cfg['dape'], cfg['dape_kernel'], cfg['rand_pos']) == ('kerple', 'v2', 5, True)
+    with pytest.raises(ConfigError, match="'dape_kernel'"):
+        configure(train.DEFAULTS, ['--dape_kernel=three'])
+
+
+def test_lr_schedule():
+    C = type('C', (), dict(decay_lr=True, learning_rate=1.0, min_lr=0.1, warmup_iters=10, lr_decay_iters=110))
+    assert train.get_lr(0, C) == pytest.approx(1 / 11)
+    assert train.get_lr(10, C) == pytest.approx(1.0)
+    assert train.get_lr(60, C) == pytest.approx(0.55)
+    assert train.get_lr(110, C) == pytest.approx(0.1) and train.get_lr(500, C) == 0.1
+
+
+@pytest.mark.parametrize('pos,dape', [('learned', 'none'), ('rope', 'none'), ('kerple', 'v1'),
+                                      ('alibi', 'v2'), ('fire', 'none')])
+def test_loss_goes_down(data_root, tmp_path, pos, dape):
+    res = run(data_root, tmp_path / 'out', pos=pos, dape=dape, eval_interval=20)
+    first, last = res['evals'][0], res['evals'][-1]
+    assert res['iter_num'] == 20 and len(res['losses']) == 20
+    assert last[1] < first[1] - 0.3 and last[2] < first[2] - 0.3, res['evals']
+    model, ckpt = load_checkpoint(str(tmp_path / 'out' / 'ckpt.pt'))
+    assert ckpt['iter_num'] == 20 and ckpt['model_args']['pos'] == pos and ckpt['dataset'] == 'tiny'
+    assert ckpt['model_args']['vocab_size'] == 64  # taken from meta.json
+
+
+def test_uint16_dataset(tmp_path):
+    make_dataset(str(tmp_path / 'data'), 'bpe', vocab=1000, dtype=np.uint16)
+    res = train.train(TINY, dataset='bpe', data_root=str(tmp_path / 'data'), out_dir=str(tmp_path / 'o'),
+                      max_iters=2, eval_interval=2, vocab_size=1024)
+    assert res['model'].config.vocab_size == 1024 and all(math.isfinite(x) for x in res['losses'])
+
+
+def test_resume_equals_uninterrupted(data_root, tmp_path):
+    # dropout and randomized positions use the torch RNG, batches the data generator: all must resume
+    kw = dict(dropout=0.1, pos='rope', rand_pos=True, eval_interval=5, max_iters=10)
+    full = run(data_root, tmp_path / 'a', **kw)
+    first = run(data_root, tmp_path / 'b', **{**kw, 'max_iters': 5})
+    rest = run(data_root, tmp_path / 'b', **kw, init_from='resume')
+    assert len(first['losses']) == 5 and len(rest['losses']) == 5
+    np.testing.assert_allclose(first['losses'] + rest['losses'], full['losses'], rtol=0, atol=1e-6)
+    a, b = full['model'].state_dict(), rest['model'].state_dict()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6)
+    # the checkpoint loads with weights_only=True (sample.py / eval_extrapolate.py)
+    ck = torch.load(str(tmp_path / 'b' / 'ckpt.pt'), weights_only=True)
+    assert ck['iter_num'] == 10 and ck['config']['max_iters'] == 10
+    assert not any(k.startswith(('module.', '_orig_mod.')) for k in ck['model'])
+
+
+def test_checkpoint_survives_crash_during_save(data_root, tmp_path, monkeypatch):
+    out = tmp_path / 'out'
+    run(data_root, out, max_iters=2, eval_interval=2)
+    path = out / 'ckpt.pt'
+    before = path.read_bytes()
+
+    def crashing_save(obj, f, *a, **k):
+        f.write(b'half a checkpoint')
+        raise OSError('disk full (simulated)')
+    monkeypatch.setattr(torch, 'save', crashing_save)
+    with pytest.raises(OSError, match='simulated'):
+        run(data_root, out, max_iters=4, eval_interval=2, init_from='resume')
+    monkeypatch.undo()
+    assert path.read_bytes() == before and not os.path.exists(str(path) + '.tmp')
+    model, ck = load_checkpoint(str(path))
+    assert ck['iter_num'] == 2
+
+
+def test_non_finite_loss_stops_and_keeps_checkpoint(data_root, tmp_path, monkeypatch):
+    out = tmp_path / 'out'
+    run(data_root, out, max_iters=2, eval_interval=2)
+    original = GPT.forward
+
+    def nan_forward(self, *a, **k):
+        logits, loss = original(self, *a, **k)
+        if self.training and loss is not None:
+            loss = loss * float('nan')
+        return logits, loss
+    monkeypatch.setattr(GPT, 'forward', nan_forward)
+    with pytest.raises(SystemExit) as e:
+        train.main([f'--{k}={v}' for k, v in TINY.items()] +
+                   ['--dataset=tiny', f'--data_root={data_root}', f'--out_dir={out}', '--init_from=resume',
+                    '--max_iters=4', '--eval_interval=2'])
+    msg = str(e.value.code)
+    assert 'loss is nan at iteration 2' in msg and 'learning_rate' in msg and 'last good checkpoint' in msg
+    monkeypatch.undo()
+    model, ck = load_checkpoint(str(out / 'ckpt.pt'))
+    assert ck['iter_num'] == 2 and all(torch.isfinite(v).all() for v in ck['model'].values())
+
+
+def test_data_errors_name_the_prepare_command(tmp_path):
+    root = str(tmp_path / 'data')
+    with pytest.raises(FileNotFoundError, match=r'python data/nope/prepare\.py'):
+        train.train(TINY, dataset='nope', data_root=root, out_dir=str(tmp_path / 'o'))
+    d = make_dataset(root, 'bpe', vocab=1000, dtype=np.uint16)
+    with open(os.path.join(d, 'val.bin'), 'ab') as f:
+        f.write(b'\x00')  # odd number of bytes: not uint16
+    with pytest.raises(ValueError, match=r'not a multiple.*python data/bpe/prepare\.py --force'):
+        train.train(TINY, dataset='bpe', data_root=root, out_dir=str(tmp_path / 'o'))
+    d = make_dataset(root, 'stale')
+    os.remove(os.path.join(d, 'train.bin'))
+    with pytest.raises(FileNotFoundError, match=r'train\.bin.*python data/stale/prepare\.py'):
+        train.train(TINY, dataset='stale', data_root=root, out_dir=str(tmp_path / 'o'))
+    np.zeros(10, dtype=np.uint8).tofile(os.path.join(d, 'train.bin'))
+    with pytest.raises(ValueError, match=r'meta\.json says 6000.*prepare\.py --force'):
+        train.train(TINY, dataset='stale', data_root=root, out_dir=str(tmp_path / 'o'))
+    make_dataset(root, 'tiny')
+    with pytest.raises(ValueError, match=r'vocab_size=32 is smaller'):
+        train.train(TINY, dataset='tiny', data_root=root, out_dir=str(tmp_path / 'o'), vocab_size=32)
+    with pytest.raises(FileNotFoundError, match=r'ckpt\.pt does not exist'):
+        train.train(TINY, dataset='tiny', data_root=root, out_dir=str(tmp_path / 'o'), init_from='resume')
+
+
+def test_config_files_are_valid():
+    files = [f for f in glob.glob(os.path.join(ROOT, 'config', '*.py'))
+             if not os.path.basename(f).startswith('che_')]
+    assert len(files) >= 9
+    for path in files:
+        cfg = configure(train.DEFAULTS, [path])
+        GPTConfig(**{f.name: cfg[f.name] for f in dataclasses.fields(GPTConfig)} | {'vocab_size': 50304})
+        assert cfg['gradient_accumulation_steps'] * cfg['batch_size'] == 256 or 'cpu' in path, path
+    big = configure(train.DEFAULTS, [os.path.join(ROOT, 'config', 'arxiv_512_6.7b.py')])
+    assert big['fsdp'] and (big['n_layer'], big['n_head'], big['n_embd']) == (32, 32, 4096)
+
+
+# --- two processes through torchrun (gloo on CPU) --------------------------------------------------
+
+RANK_SCRIPT = """
+import json, os, sys
+sys.path.insert(0, {root!r})
+import torch
+import train
+from configurator import configure
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+cfg = configure(train.DEFAULTS, sys.argv[1:])
+res = train.train(cfg)
+# the full weights as every process holds them (FSDP: gathered from the shards)
+sd = get_model_state_dict(res['model'], options=StateDictOptions(full_state_dict=True))
+rank = int(os.environ['RANK'])
+torch.save({{k: v.detach().cpu().clone() for k, v in sd.items()}}, os.path.join(cfg['out_dir'], f'final{{rank}}.pt'))
+with open(os.path.join(cfg['out_dir'], f'losses{{rank}}.json'), 'w') as f:
+    json.dump(res['losses'], f)
+"""
+
+
+def torchrun(tmp_path, data_root, out_dir, *args):
+    script = tmp_path / 'rank.py'
+    script.write_text(RANK_SCRIPT.format(root=ROOT))
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', str(script),
+           '--dataset=tiny', f'--data_root={data_root}', f'--out_dir={out_dir}', '--dropout=0.1',
+           '--warmup_iters=2', '--lr_decay_iters=6', '--eval_interval=3'] + \
+          [f'--{k}={v}' for k, v in TINY.items() if k not in ('warmup_iters', 'lr_decay_iters', 'eval_interval',
+                                                             'max_iters')] + list(args)
+    env = dict(os.environ, OMP_NUM_THREADS='1')
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r
+
+
+def load_final(out_dir):
+    w = [torch.load(os.path.join(out_dir, f'final{r}.pt')) for r in (0, 1)]
+    losses = [json.load(open(os.path.join(out_dir, f'losses{r}.json'))) for r in (0, 1)]
+    return w, losses
+
+
+@pytest.fixture(scope='module')
+def ddp_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp('ddp')
+    make_dataset(str(tmp / 'data'))
+    torchrun(tmp, str(tmp / 'data'), str(tmp / 'ddp'), '--max_iters=6')
+    return tmp
+
+
+def test_ddp_two_processes_identical_weights(ddp_run):
+    (w0, w1), (l0, l1) = load_final(str(ddp_run / 'ddp'))
+    assert w0.keys() == w1.keys()
+    for k in w0:
+        assert torch.equal(w0[k], w1[k]), k
+    assert l0 == l1 and len(l0) == 6 and l0[-1] < l0[0]  # the logged loss is the mean over processes
+    model, ck = load_checkpoint(str(ddp_run / 'ddp'))
+    assert ck['iter_num'] == 6 and ck['rng']['world_size'] == 2
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, w0[k])
+
+
+def test_fsdp_two_processes_resume_matches_ddp(ddp_run):
+    # FSDP (fully_shard) for 3 steps, then resumed under FSDP to 6: the same losses and weights as the
+    # uninterrupted DDP run, identical on both processes, and a checkpoint in the ordinary format
+    out = str(ddp_run / 'fsdp')
+    torchrun(ddp_run, str(ddp_run / 'data'), out, '--fsdp=True', '--max_iters=3')
+    r = torchrun(ddp_run, str(ddp_run / 'data'), out, '--fsdp=True', '--max_iters=6', '--init_from=resume')
+    assert 'FSDP' in r.stdout
+    (w0, w1), (l0, l1) = load_final(out)
+    (d0, _), (dl, _) = load_final(str(ddp_run / 'ddp'))
+    np.testing.assert_allclose(l0, dl[3:], rtol=0, atol=1e-5)
+    for k in w0:
+        assert torch.equal(w0[k], w1[k]), k
+        torch.testing.assert_close(w0[k], d0[k], rtol=0, atol=1e-5)
+    model, ck = load_checkpoint(out)
+    assert ck['iter_num'] == 6 and set(ck['model']) == set(torch.load(str(ddp_run / 'ddp' / 'ckpt.pt'))['model'])

@@ -1,0 +1,503 @@
+"""
+Train a GPT (model.py) with any positional encoding and DAPE on data/<dataset>/{train,val}.bin, in the
+manner of nanoGPT's train.py: the defaults below are module globals, changed by config files and
+--key=value (configurator.py); every field of model.GPTConfig is a key too.
+
+One process (CPU or one GPU):
+$ python train.py config/gutenberg_char_cpu.py
+$ python train.py config/arxiv_128.py --pos=kerple --dape=v2 --dape_kernel=3
+DDP on the GPUs (or CPU processes, gloo) of one node; --fsdp=True shards parameters, gradients and
+optimizer state instead (FSDP2, fully_shard) for models that do not fit one GPU:
+$ torchrun --standalone --nproc_per_node=8 train.py config/arxiv_512.py
+$ torchrun --standalone --nproc_per_node=8 train.py config/arxiv_512_6.7b.py        # fsdp = True
+Several nodes (run on each, with its --node_rank):
+$ torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=HOST --master_port=29500 train.py ...
+Continue a run from out_dir/ckpt.pt (bit-exact on CPU, same losses as if it had never stopped):
+$ python train.py config/gutenberg_char_cpu.py --init_from=resume
+
+The batch: gradient_accumulation_steps is the total number of micro-batches per optimizer step over
+all processes; each of the world_size processes runs gradient_accumulation_steps / world_size of them,
+so one step sees batch_size * gradient_accumulation_steps sequences whatever the number of GPUs.
+"""
+import dataclasses
+import math
+import os
+import random
+import sys
+import time
+from contextlib import nullcontext
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from configurator import config_defaults, configure, update_config
+from model import GPT, GPTConfig
+
+# -----------------------------------------------------------------------------
+# default config values: the paper's 125M model (Appendix B, Table 3) on the embedded byte-level
+# dataset. config/ holds the paper's setups and a CPU-sized one (config/gutenberg_char_cpu.py).
+# I/O
+out_dir = 'out'
+eval_interval = 1000  # evaluate (and checkpoint) every this many iterations, and at the end
+log_interval = 10
+eval_iters = 100  # batches per split per process for the loss estimate
+eval_only = False  # evaluate once and exit
+always_save_checkpoint = True  # checkpoint at every evaluation, not only when val loss improves
+init_from = 'scratch'  # 'scratch' or 'resume' (from out_dir/ckpt.pt)
+# wandb logging (used only when asked for and installed)
+wandb_log = False
+wandb_project = 'dape'
+wandb_run_name = 'run'
+# data
+dataset = 'gutenberg_char'
+data_root = 'data'  # the dataset lives in data_root/dataset/
+gradient_accumulation_steps = 8  # micro-batches per step, over all processes (see the top)
+batch_size = 32  # sequences per micro-batch: 32 x 8 = 256 sequences per step, as the paper
+# model: every field of model.GPTConfig is a config key with model.py's default, so a new model option
+# is settable here without editing this file. Where train.py's default differs:
+globals().update({_f.name: _f.default for _f in dataclasses.fields(GPTConfig)})
+block_size = 512  # the paper's training length (Table 3); the arxiv/books3 configs set 128/512/1024
+vocab_size = 0  # 0: the dataset's, from meta.json; a larger value pads the embedding
+# AdamW optimizer
+learning_rate = 6e-4  # max learning rate
+max_iters = 50000  # total number of optimizer steps
+weight_decay = 1e-1  # on matrices only (model.configure_optimizers)
+beta1 = 0.9
+beta2 = 0.95
+grad_clip = 1.0  # clip the gradient norm at this value; 0: no clipping
+# learning rate schedule: linear warmup, then cosine decay to min_lr
+decay_lr = True
+warmup_iters = 500  # 1% of 50k
+lr_decay_iters = 50000  # ~= max_iters per Chinchilla
+min_lr = 6e-5  # ~= learning_rate / 10 per Chinchilla
+# system
+device = 'auto'  # 'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', ...; torchrun sets cuda:LOCAL_RANK
+dtype = 'auto'  # 'auto' (bfloat16 where supported, else float16, on GPU), 'bfloat16', 'float16'; CPU: float32
+backend = 'auto'  # torch.distributed backend: 'auto' (nccl on GPU, gloo on CPU), 'nccl', 'gloo'
+fsdp = False  # shard parameters, gradients and optimizer state over the processes (FSDP2, fully_shard)
+compile = False  # torch.compile the model
+seed = 1337
+peak_flops = 0.0  # accelerator peak FLOP/s for MFU; 0: from the GPU's name (A100 312e12, H100 989e12)
+# -----------------------------------------------------------------------------
+DEFAULTS = config_defaults(globals())  # every name above is a config key
+
+
+class NonFiniteLossError(RuntimeError):
+    pass
+
+
+# -----------------------------------------------------------------------------
+# data
+
+def load_dataset(data_dir, name):
+    """Check data_dir/{train,val}.bin against meta.json; return (meta, numpy dtype).
+    Any missing or inconsistent file is an error naming the prepare command."""
+    prepare = f"python data/{name}/prepare.py"
+    try:
+        from tokenizer import load_meta
+        meta = load_meta(data_dir)
+    except ImportError:  # tokenizer.py is optional here: read meta.json directly
+        import json
+        path = os.path.join(data_dir, 'meta.json')
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path} not found: dataset '{name}' is not prepared. Run `{prepare}`.")
+        with open(path) as f:
+            meta = json.load(f)
+    if meta.get('dtype') not in ('uint8', 'uint16'):
+        raise ValueError(f"{data_dir}/meta.json: dtype must be 'uint8' or 'uint16', got "
+                         f"{meta.get('dtype')!r}; re-run `{prepare} --force`")
+    dt = np.dtype(meta['dtype'])
+    if meta['vocab_size'] > np.iinfo(dt).max + 1:
+        raise ValueError(f"{data_dir}/meta.json: vocab_size {meta['vocab_size']} does not fit {dt}; "
+                         f"re-run `{prepare} --force`")
+    for split in ('train', 'val'):
+        path = os.path.join(data_dir, f'{split}.bin')
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path} not found: dataset '{name}' is not (fully) prepared. Run `{prepare}`.")
+        size = os.path.getsize(path)
+        if size % dt.itemsize:
+            raise ValueError(f"{path} has {size} bytes, not a multiple of {dt} ({dt.itemsize} bytes): "
+                             f"truncated or written with another dtype; re-run `{prepare} --force`")
+        expected = meta.get(f'{split}_tokens')
+        if expected is not None and size // dt.itemsize != expected:
+            raise ValueError(f"{path} holds {size // dt.itemsize} tokens but meta.json says {expected}: "
+                             f"stale or truncated; re-run `{prepare} --force`")
+    return meta, dt
+
+
+# -----------------------------------------------------------------------------
+# learning rate decay scheduler (cosine with warmup)
+
+def get_lr(it, C):
+    if not C.decay_lr:
+        return C.learning_rate
+    if it < C.warmup_iters:  # 1) linear warmup
+        return C.learning_rate * (it + 1) / (C.warmup_iters + 1)
+    if it > C.lr_decay_iters:  # 2) after the decay, min_lr
+        return C.min_lr
+    ratio = (it - C.warmup_iters) / max(1, C.lr_decay_iters - C.warmup_iters)  # 3) cosine in between
+    coeff = 0.5 * (1.0 + math.cos(math.pi * ratio))
+    return C.min_lr + coeff * (C.learning_rate - C.min_lr)
+
+
+# -----------------------------------------------------------------------------
+# checkpoints
+
+def save_checkpoint(checkpoint, path):
+    """torch.save to path + '.tmp' in the same folder, fsync, then rename over path: a crash at any
+    point leaves either the old file or the new one, never a truncated ckpt.pt."""
+    tmp = path + '.tmp'
+    try:
+        with open(tmp, 'wb') as f:
+            torch.save(checkpoint, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    try:  # make the rename itself durable
+        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def rng_state(data_state):
+    """This process's random states, in types torch.load(weights_only=True) accepts."""
+    npst = np.random.get_state()
+    return {'torch': torch.get_rng_state(),
+            'cuda': torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+            'numpy': (npst[0], npst[1].tolist(), *npst[2:]),
+            'python': random.getstate(),
+            'data': data_state}
+
+
+def set_rng_state(state, data_gen):
+    torch.set_rng_state(state['torch'])
+    if state['cuda'] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state['cuda'])
+    np.random.set_state((state['numpy'][0], np.array(state['numpy'][1], dtype=np.uint32), *state['numpy'][2:]))
+    random.setstate((state['python'][0], tuple(state['python'][1]), state['python'][2]))
+    data_gen.set_state(state['data'])
+
+
+# -----------------------------------------------------------------------------
+
+def train(config=None, **overrides):
+    """Run training with DEFAULTS updated by `config` (a dict, e.g. from configure()) and `overrides`.
+    Returns a dict: iter_num, best_val_loss, losses (train loss of every step run here), evals
+    ([(iter, train, val)]), model (the trained raw model)."""
+    config = update_config(DEFAULTS, {**(config or {}), **overrides})
+    C = SimpleNamespace(**config)
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict,
+        set_optimizer_state_dict)
+
+    # -- processes and devices ---------------------------------------------------------------------
+    ddp = int(os.environ.get('RANK', -1)) != -1  # launched by torchrun?
+    if ddp:
+        rank, local_rank, world_size = (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE'))
+        use_cuda = torch.cuda.is_available() and C.device != 'cpu'
+        device = f'cuda:{local_rank}' if use_cuda else 'cpu'
+        if use_cuda:
+            torch.cuda.set_device(device)
+        dist_backend = C.backend if C.backend != 'auto' else ('nccl' if use_cuda else 'gloo')
+        if not dist.is_initialized():
+            dist.init_process_group(backend=dist_backend)
+    else:
+        rank, local_rank, world_size = 0, 0, 1
+        device = C.device if C.device != 'auto' else ('cuda' if torch.cuda.is_available() else 'cpu')
+    master = rank == 0
+    device_type = 'cuda' if 'cuda' in device else 'cpu'
+    if C.fsdp and not ddp:
+        print("fsdp=True in a single process: nothing to shard, training without it")
+    use_fsdp = C.fsdp and ddp
+    if C.gradient_accumulation_steps % world_size:
+        raise ValueError(f"gradient_accumulation_steps={C.gradient_accumulation_steps} must be a multiple of "
+                         f"the number of processes ({world_size}): it counts micro-batches over all of them")
+    accum = C.gradient_accumulation_steps // world_size  # micro-steps of this process
+
+    if device_type == 'cuda':
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        dtype = C.dtype if C.dtype != 'auto' else ('bfloat16' if torch.cuda.is_bf16_supported() else 'float16')
+    else:
+        # attention probabilities far below 1e-38 (exp of large negative biases) are denormal floats,
+        # which make CPU matmuls ~50x slower; flushing them to zero changes nothing measurable
+        torch.set_flush_denormal(True)
+        if C.dtype not in ('auto', 'float32') and master:
+            print(f"dtype={C.dtype} ignored on CPU: training in float32")
+        dtype = 'float32'
+    ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
+    ctx = nullcontext() if device_type == 'cpu' else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
+    if master:
+        os.makedirs(C.out_dir, exist_ok=True)
+
+    # -- data ----------------------------------------------------------------------------------------
+    data_dir = os.path.join(C.data_root, C.dataset)
+    meta, data_dtype = load_dataset(data_dir, C.dataset)
+    data_gen = torch.Generator().manual_seed(C.seed + rank)  # training batches; its state is checkpointed
+    batch_state = [data_gen.get_state()]  # state before the latest training batch was drawn
+
+    def get_batch(split, gen, block):
+        # a new memmap every batch avoids a memory leak (https://stackoverflow.com/q/45132940)
+        data = np.memmap(os.path.join(data_dir, f'{split}.bin'), dtype=data_dtype, mode='r')
+        if len(data) <= block:
+            raise ValueError(f"{data_dir}/{split}.bin has {len(data)} tokens, fewer than block_size+1 = "
+                             f"{block + 1}; prepare more data or lower block_size")
+        ix = torch.randint(len(data) - block, (C.batch_size,), generator=gen)
+        x = torch.stack([torch.from_numpy(data[i:i + block].astype(np.int64)) for i in ix])
+        y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block].astype(np.int64)) for i in ix])
+        if device_type == 'cuda':  # pin and move asynchronously
+            return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+        return x.to(device), y.to(device)
+
+    # -- model init or resume -----------------------------------------------------------------------
+    model_args = {f.name: config[f.name] for f in dataclasses.fields(GPTConfig)}
+    model_args['vocab_size'] = C.vocab_size or meta['vocab_size']
+    iter_num, best_val_loss, ckpt = 0, 1e9, None
+    ckpt_path = os.path.join(C.out_dir, 'ckpt.pt')
+    if C.init_from == 'resume':
+        # rank 0 reads the file; the others get its small part here and the tensors when they are loaded
+        small = None
+        if master:
+            if os.path.exists(ckpt_path):
+                ckpt = torch.load(ckpt_path, map_location='cpu', weights_only=True)
+                small = {k: v for k, v in ckpt.items() if k not in ('model', 'optimizer')}
+            else:
+                small = {'error': f"init_from='resume' but {ckpt_path} does not exist; train from scratch "
+                                  f"first (--init_from=scratch) or set --out_dir"}
+        if ddp:  # every process learns of a missing file too, instead of waiting for rank 0 forever
+            box = [small]
+            dist.broadcast_object_list(box, src=0)
+            small = box[0]
+        if 'error' in small:
+            raise FileNotFoundError(small['error'])
+        if small.get('dataset') != C.dataset and master:
+            print(f"note: the checkpoint was trained on '{small.get('dataset')}', continuing on '{C.dataset}'")
+        changed = {k: v for k, v in model_args.items() if k != 'vocab_size' and small['model_args'].get(k) != v}
+        if changed and master:
+            print(f"resuming: the checkpoint's model options are kept; ignoring {changed}")
+        model_args = dict(small['model_args'])
+        iter_num, best_val_loss = small['iter_num'], small['best_val_loss']
+    elif C.init_from != 'scratch':
+        raise ValueError(f"init_from must be 'scratch' or 'resume', got {C.init_from!r}")
+    if model_args['vocab_size'] < meta['vocab_size']:
+        raise ValueError(f"vocab_size={model_args['vocab_size']} is smaller than dataset '{C.dataset}''s "
+                         f"{meta['vocab_size']} (meta.json); leave vocab_size=0 to take the dataset's")
+
+    torch.manual_seed(C.seed)  # the same initial weights in every process (FSDP shards them as they are)
+    gptconf = GPTConfig(**model_args)
+    model = GPT(gptconf)
+    flops_per_token = model.flops_per_token(gptconf.block_size)
+    tokens_per_iter = C.gradient_accumulation_steps * C.batch_size * gptconf.block_size
+    if master:
+        print(f"{world_size} process(es) on {device_type}, {dtype}{', FSDP' if use_fsdp else ''}; "
+              f"{accum} micro-step(s) of {C.batch_size} x {gptconf.block_size} per process, "
+              f"{tokens_per_iter:,} tokens per iteration")
+        print(f"model: {model.get_num_params() / 1e6:.2f}M parameters, pos={gptconf.pos}, dape={gptconf.dape}, "
+              f"{flops_per_token * tokens_per_iter / 1e12:.3g} TFLOPs per iteration")
+    model.to(device)
+    torch.manual_seed(C.seed + rank)  # dropout and randomized positions differ between processes
+    np.random.seed(C.seed + rank)
+    random.seed(C.seed + rank)
+
+    if use_fsdp:
+        from torch.distributed.fsdp import fully_shard
+        # each block is its own unit (all-gathered just before use and freed after); the root holds
+        # the embedding (tied to lm_head), the final norm and the positional modules
+        for block in model.transformer.h:
+            fully_shard(block)
+        fully_shard(model)
+    raw_model = model  # without compile/DDP wrappers: what state dicts are taken from
+
+    # fp16 needs loss scaling; under FSDP the scaler must agree on overflow across shards
+    if use_fsdp and dtype == 'float16':
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+        scaler = ShardedGradScaler(enabled=True)
+    else:
+        scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
+    optimizer = raw_model.configure_optimizers(C.weight_decay, C.learning_rate, (C.beta1, C.beta2), device_type)
+
+    if C.init_from == 'resume':
+        # one format for every setup: full (unsharded) state dicts keyed by parameter name, read on
+        # rank 0 and broadcast to the others (only rank 0 needs the file)
+        opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=ddp)
+        set_model_state_dict(raw_model, ckpt['model'] if master else {}, options=opts)
+        set_optimizer_state_dict(raw_model, optimizer, ckpt['optimizer'] if master else {}, options=opts)
+        if small.get('scaler'):
+            scaler.load_state_dict(small['scaler'])
+        rng = small['rng']
+        if rng['world_size'] == world_size:
+            set_rng_state(rng['ranks'][rank], data_gen)
+        else:
+            data_gen.manual_seed(C.seed + rank + 1000003 * iter_num)  # fresh batches, not the old ones
+            if master:
+                print(f"resuming with {world_size} processes, the checkpoint had {rng['world_size']}: "
+                      f"batches are drawn afresh (the run is no longer bit-exact)")
+        ckpt = small = None  # free memory
+        if master:
+            print(f"resumed from {ckpt_path} at iteration {iter_num} (best val loss {best_val_loss:.4f})")
+
+    if C.compile:
+        if master:
+            print("compiling the model... (takes a ~minute)")
+        model = torch.compile(model)
+    if ddp and not use_fsdp:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None)
+
+    def all_mean(value):
+        if not ddp:
+            return value
+        t = torch.tensor([value], dtype=torch.float64, device=device)
+        dist.all_reduce(t)
+        return t.item() / world_size
+
+    @torch.no_grad()
+    def estimate_loss():
+        """Mean loss over eval_iters batches per split and process, at the training length. The
+        batches come from their own fixed-seed generator, so evaluating never moves the training
+        stream (resume stays exact) and every evaluation sees the same batches."""
+        out = {}
+        model.eval()
+        for i, split in enumerate(('train', 'val')):
+            gen = torch.Generator().manual_seed(C.seed + 7777 + 31 * rank + i)
+            losses = torch.zeros(C.eval_iters)
+            for k in range(C.eval_iters):
+                X, Y = get_batch(split, gen, gptconf.block_size)
+                with ctx:
+                    _, loss = model(X, Y)
+                losses[k] = loss.item()
+            out[split] = all_mean(losses.mean().item())
+        model.train()
+        return out
+
+    def checkpoint():
+        """Save out_dir/ckpt.pt (collective: every process takes part, rank 0 writes)."""
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        msd = get_model_state_dict(raw_model, options=opts)
+        osd = get_optimizer_state_dict(raw_model, optimizer, options=opts)
+        states = [rng_state(batch_state[0])]
+        if ddp:
+            states = [None] * world_size
+            dist.all_gather_object(states, rng_state(batch_state[0]))
+        if master:
+            ck = {'model': msd, 'optimizer': osd, 'model_args': model_args, 'iter_num': iter_num,
+                  'best_val_loss': best_val_loss, 'config': config, 'dataset': C.dataset,
+                  'rng': {'world_size': world_size, 'ranks': states}, 'scaler': scaler.state_dict()}
+            save_checkpoint(ck, ckpt_path)
+            print(f"saved checkpoint to {ckpt_path}")
+
+    # -- logging -------------------------------------------------------------------------------------
+    if C.wandb_log and master:
+        try:
+            import wandb
+            wandb.init(project=C.wandb_project, name=C.wandb_run_name, config=config)
+        except ImportError:
+            print("wandb_log=True but wandb is not installed (pip install wandb): not logging to wandb")
+            C.wandb_log = False
+    if device_type == 'cuda':
+        name = torch.cuda.get_device_name()
+        peak = C.peak_flops or (989e12 if ('H100' in name or 'H200' in name) else 312e12)
+        if dtype == 'float32' and not C.peak_flops:
+            peak /= 2  # tf32 peak
+    else:
+        peak = C.peak_flops or None  # no meaningful peak for a CPU
+
+    # -- training loop --------------------------------------------------------------------------------
+    batch_state[0] = data_gen.get_state()
+    X, Y = get_batch('train', data_gen, gptconf.block_size)  # first batch
+    t0 = time.time()
+    local_iter_num, running_mfu = 0, -1.0
+    losses_seen, evals = [], []
+    while True:
+        lr = get_lr(iter_num, C)
+        for group in optimizer.param_groups:
+            group['lr'] = lr
+
+        # evaluate the loss on train/val and write checkpoints
+        if iter_num % C.eval_interval == 0 or iter_num == C.max_iters or C.eval_only:
+            losses = estimate_loss()
+            evals.append((iter_num, losses['train'], losses['val']))
+            if master:
+                print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+                if C.wandb_log:
+                    wandb.log({'iter': iter_num, 'train/loss': losses['train'], 'val/loss': losses['val'],
+                               'lr': lr, 'mfu': running_mfu * 100})
+            if not math.isfinite(losses['val']):
+                raise NonFiniteLossError(f"validation loss is {losses['val']} at iteration {iter_num}; "
+                                         f"{ckpt_path} keeps the last good state")
+            if losses['val'] < best_val_loss or C.always_save_checkpoint:
+                best_val_loss = min(best_val_loss, losses['val'])
+                if iter_num > 0 and not C.eval_only:
+                    checkpoint()
+            t0 = time.time()  # time the training steps only
+        if C.eval_only or iter_num >= C.max_iters:
+            break
+
+        # forward, backward and update, with gradient accumulation over micro-steps
+        loss_sum = torch.zeros((), device=device)
+        for micro_step in range(accum):
+            if ddp and not use_fsdp:
+                # synchronise gradients only at the last micro-step (DDP's no_sync, without the context)
+                model.require_backward_grad_sync = (micro_step == accum - 1)
+            with ctx:
+                logits, loss = model(X, Y)
+                loss = loss / accum  # the mean over micro-steps
+            batch_state[0] = data_gen.get_state()  # regenerates the batch drawn next: the resume point
+            X, Y = get_batch('train', data_gen, gptconf.block_size)  # prefetch while the GPU works
+            scaler.scale(loss).backward()
+            loss_sum += loss.detach()
+        lossf = all_mean(loss_sum.item())  # the step's loss, averaged over processes (all agree on it)
+        if not math.isfinite(lossf):
+            raise NonFiniteLossError(
+                f"loss is {lossf} at iteration {iter_num} (lr {lr:.2e}): stopping before the update; "
+                f"{ckpt_path} keeps the last good checkpoint. Try a lower learning_rate or longer "
+                f"warmup_iters, dtype='bfloat16' instead of float16, a smaller grad_clip, or check the data.")
+        if C.grad_clip != 0.0:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), C.grad_clip)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)  # free the gradients' memory now
+
+        # timing and logging
+        t1 = time.time()
+        dt, t0 = t1 - t0, t1
+        losses_seen.append(lossf)
+        if iter_num % C.log_interval == 0 and master:
+            if local_iter_num >= 5 and peak:  # let the training loop settle a bit
+                mfu = flops_per_token * tokens_per_iter / world_size / dt / peak
+                running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu
+            mfu_text = f"{running_mfu * 100:.2f}%" if running_mfu >= 0 else 'n/a'
+            print(f"iter {iter_num}: loss {lossf:.4f}, lr {lr:.2e}, time {dt * 1000:.2f}ms, "
+                  f"{tokens_per_iter / dt:,.0f} tok/s, mfu {mfu_text}")
+        iter_num += 1
+        local_iter_num += 1
+
+    return {'iter_num': iter_num, 'best_val_loss': best_val_loss, 'losses': losses_seen, 'evals': evals,
+            'model': raw_model}
+
+
+def main(argv=None):
+    config = configure(DEFAULTS, argv)
+    try:
+        train(config)
+    except NonFiniteLossError as e:
+        sys.exit(f"error: {e}")
+    finally:
+        import torch.distributed as dist
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == '__main__':
+    main()
