@@ -1,0 +1,121 @@
+"""
+Sample from a trained model (nanoGPT's sample.py for these checkpoints).
+
+    python sample.py --out_dir=out/dape_kerple
+    python sample.py out/dape_kerple --start="It is a truth universally" --max_new_tokens=2000
+    python sample.py out/dape_kerple --start=FILE:prompt.txt --num_samples=1 --temperature=0.7 --top_k=50
+
+The tokenizer (bytes or GPT-2 BPE) comes from the dataset's meta.json, found through the checkpoint's
+training config (or --data_dir=); without it, it is inferred from the vocabulary size. Generation
+goes through the model's KV cache one token at a time and is not cropped to the training length:
+every encoding except `learned` keeps going past it, which is the point of these models.
+"""
+
+import os
+import sys
+
+import torch
+
+# -----------------------------------------------------------------------------
+_names_before_config = set(globals())
+out_dir = 'out'          # checkpoint directory (or a .pt file; a bare argument does the same)
+data_dir = ''            # dataset with meta.json; '' -> from the checkpoint's training config
+start = "\n"             # prompt; "FILE:path" reads it from a file; "" starts from the end-of-text token
+num_samples = 3
+max_new_tokens = 500
+temperature = 0.8        # 1.0: the model's distribution; lower: more conservative; 0: greedy
+top_k = 200              # keep only the top_k most likely tokens; 0: no cut
+seed = 1337
+device = 'auto'          # auto: cuda if available, else cpu
+dtype = 'auto'           # auto: bfloat16 autocast on a GPU that supports it, else float32
+compile = False          # torch.compile the model
+config_keys = [k for k in globals() if k not in _names_before_config and not k.startswith('_')]
+
+
+def tokenizer_for(ckpt, model, data_dir_override=''):
+    """The dataset's tokenizer (meta.json), or one inferred from the vocabulary when the dataset is
+    not on this machine: 256 -> bytes, >= 50257 -> GPT-2 BPE."""
+    from eval_extrapolate import EvalError, resolve_data_dir
+    from tokenizer import get_tokenizer, load_meta
+    try:
+        return get_tokenizer(load_meta(resolve_data_dir(ckpt, data_dir_override)))
+    except (EvalError, FileNotFoundError) as e:
+        if data_dir_override:
+            raise
+        vocab = model.config.vocab_size
+        name = 'byte' if vocab == 256 else 'gpt2' if vocab >= 50257 else None
+        if name is None:
+            raise EvalError(f"cannot tell the tokenizer: {e}; pass --data_dir=data/<name>") from e
+        print(f"({e}; using the '{name}' tokenizer for vocab_size {vocab})", file=sys.stderr)
+        return get_tokenizer(name)
+
+
+def read_prompt(text):
+    if text.startswith('FILE:'):
+        path = text[5:]
+        if not os.path.isfile(path):
+            from eval_extrapolate import EvalError
+            raise EvalError(f"prompt file {path!r} not found")
+        with open(path, 'r', encoding='utf-8') as f:
+            return f.read()
+    return text
+
+
+def sample(cfg, path):
+    """Print and return cfg['num_samples'] continuations of the prompt."""
+    from eval_extrapolate import EvalError, autocast_context, load_run, pick_device
+    dev = pick_device(cfg['device'])
+    torch.manual_seed(cfg['seed'])
+    if 'cuda' in dev:
+        torch.cuda.manual_seed(cfg['seed'])
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    ctx = autocast_context(dev, cfg['dtype'])
+    model, ckpt = load_run(path, dev)
+    tok = tokenizer_for(ckpt, model, cfg['data_dir'])
+    if cfg['compile']:
+        model = torch.compile(model)
+
+    ids = tok.encode(read_prompt(cfg['start'])) or [tok.eot_token]
+    if max(ids) >= model.config.vocab_size:
+        raise EvalError(f"the prompt has token {max(ids)} but the model's vocabulary is {model.config.vocab_size}: "
+                        f"wrong tokenizer/dataset? pass --data_dir=")
+    n_pos = model.pe[0].n_positions if model.config.pos == 'learned' else None
+    if n_pos is not None and len(ids) + cfg['max_new_tokens'] > n_pos:
+        raise EvalError(f"pos=learned encodes {n_pos} positions: a prompt of {len(ids)} tokens leaves room for "
+                        f"{max(0, n_pos - len(ids))} new tokens, not --max_new_tokens={cfg['max_new_tokens']}")
+    x = torch.tensor(ids, dtype=torch.long, device=dev)[None]
+    samples = []
+    with torch.no_grad(), ctx:
+        for _ in range(cfg['num_samples']):
+            y = model.generate(x, cfg['max_new_tokens'], temperature=cfg['temperature'],
+                               top_k=cfg['top_k'] or None)
+            text = tok.decode(y[0].tolist())  # byte tokenizer: invalid utf-8 shows as U+FFFD
+            samples.append(text)
+            print(text)
+            print('---------------')
+    return samples
+
+
+def main(argv=None):
+    from configurator import configure
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if '-h' in argv or '--help' in argv:
+        print(__doc__.strip() + '\n')  # then the configurator lists the keys and exits
+    bare = [a for a in argv if not a.startswith('-') and not a.endswith('.py')]  # .py: config files
+    rest = [a for a in argv if a not in bare]
+    cfg = configure({k: globals()[k] for k in config_keys}, rest)
+    if len(bare) > 1:
+        from eval_extrapolate import EvalError
+        raise EvalError(f"give one checkpoint, got {bare}")
+    return sample(cfg, bare[0] if bare else cfg['out_dir'])
+
+
+if __name__ == '__main__':
+    from configurator import ConfigError
+    from eval_extrapolate import EvalError
+    try:
+        main()
+    except (EvalError, ConfigError) as e:
+        print(f"sample.py: error: {e}", file=sys.stderr)
+        sys.exit(2)

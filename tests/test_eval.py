@@ -1,0 +1,330 @@
+"""eval_extrapolate.py (protocol, outputs, statistics, timing) and visualize.py, on tiny checkpoints made here."""
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import eval_extrapolate as E
+import visualize as V
+from model import GPT, GPTConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = dict(block_size=32, vocab_size=256, n_layer=2, n_head=2, n_embd=16)
+
+
+def make_data(root, name='tiny', n=3000, tokenizer='byte', seed=0):
+    d = os.path.join(root, 'data', name)
+    os.makedirs(d, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    vocab, dtype = (256, 'uint8') if tokenizer == 'byte' else (50257, 'uint16')
+    rng.integers(0, min(vocab, 200), size=n).astype(dtype).tofile(os.path.join(d, 'val.bin'))
+    meta = {'vocab_size': vocab, 'tokenizer': tokenizer, 'dtype': dtype,
+            'eot_token': 30 if tokenizer == 'byte' else 50256, 'val_tokens': n}
+    with open(os.path.join(d, 'meta.json'), 'w') as f:
+        json.dump(meta, f)
+    return d
+
+
+def make_ckpt(root, run, seed=0, dataset='tiny', **kw):
+    """A checkpoint in train.py's format (random weights) at root/out/run/ckpt.pt."""
+    torch.manual_seed(seed)
+    args = dict(TINY, **kw)
+    model = GPT(GPTConfig(**args))
+    out = os.path.join(root, 'out', run)
+    os.makedirs(out, exist_ok=True)
+    torch.save({'model': model.state_dict(), 'optimizer': {}, 'model_args': dataclasses.asdict(model.config),
+                'iter_num': 7, 'best_val_loss': 5.0, 'dataset': dataset,
+                'config': {'dataset': dataset, 'data_root': os.path.join(root, 'data'), 'seed': seed}},
+               os.path.join(out, 'ckpt.pt'))
+    return out
+
+
+def cfg(**kw):
+    c = {k: getattr(E, k) for k in E.config_keys}
+    c.update(plot=False, device='cpu', eval_tokens=16, num_windows=4, max_length=128)
+    c.update(kw)
+    return c
+
+
+# -----------------------------------------------------------------------------
+# protocol
+
+
+def test_window_ends_deterministic_on_a_grid_and_leave_room():
+    a = E.window_ends(3000, 512, 256, 5, seed=3)
+    assert np.array_equal(a, E.window_ends(3000, 512, 256, 5, seed=3))
+    assert not np.array_equal(a, E.window_ends(3000, 512, 256, 5, seed=4))
+    assert len(a) == 5 and a.min() >= 512 and a.max() <= 2999
+    assert all((2999 - e) % 256 == 0 for e in a)  # grid of step K: scored stretches never overlap
+    assert len(set(a.tolist())) == 5
+    assert len(E.window_ends(600, 512, 256, 10, seed=0)) == 1  # only room for one
+    with pytest.raises(E.EvalError):
+        E.window_ends(100, 512, 256, 5, seed=0)
+
+
+def test_only_the_last_k_targets_are_scored():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**TINY, pos='kerple', dape='v1')).eval()
+    L, K = 40, 8
+    x = torch.randint(0, 256, (3, L))
+    y = torch.randint(0, 256, (3, L))
+    y_poisoned = y.clone()
+    y_poisoned[:, :-K] = 10 ** 6  # would make cross_entropy fail if any of them were read
+    ce = E.score_windows(model, x, y_poisoned, K, batch=2, dev='cpu', ctx=torch.no_grad())
+    assert ce.shape == (3, K)
+    with torch.no_grad():
+        logits, _ = model(x, y)
+        manual = F.cross_entropy(logits[:, -K:].reshape(-1, 256), y[:, -K:].reshape(-1), reduction='none')
+        masked = y.clone()
+        masked[:, :-K] = -1  # the model's own loss with only the last K targets kept
+        _, loss = model(x, masked)
+    np.testing.assert_allclose(ce.reshape(-1), manual.numpy(), rtol=1e-5, atol=1e-6)
+    assert abs(ce.mean() - loss.item()) < 1e-5
+    # shorter than K: every target is scored
+    assert E.score_windows(model, x[:, :5], y[:, :5], K, 3, 'cpu', torch.no_grad()).shape == (3, 5)
+
+
+def test_same_scored_tokens_at_every_length(tmp_path):
+    data = np.arange(1000) % 251
+    ends = E.window_ends(len(data), 256, 16, 4, seed=1)
+    scored = [E.windows(data, ends, L)[1][:, -16:] for L in (16, 64, 256)]
+    assert all(torch.equal(scored[0], s) for s in scored[1:])
+    x, y = E.windows(data, ends, 64)
+    assert torch.equal(x[:, 1:], y[:, :-1])  # targets are the inputs shifted by one
+    assert all(int(y[i, -1]) == data[e] for i, e in enumerate(ends))
+
+
+def test_evaluate_protocol_tables_and_files(tmp_path):
+    root = str(tmp_path)
+    make_data(root, n=3000)
+    runs = [make_ckpt(root, 'kerple_s1', 1, pos='kerple'), make_ckpt(root, 'kerple_s2', 2, pos='kerple'),
+            make_ckpt(root, 'dape_kerple_s1', 1, pos='kerple', dape='v1'),
+            make_ckpt(root, 'dape_kerple_s2', 2, pos='kerple', dape='v1'),
+            make_ckpt(root, 'learned', 0, pos='learned')]
+    out = os.path.join(root, 'res')
+    res = E.evaluate(cfg(out_dir=out, plot=True, lengths='8,32,64,128,4096'), [os.path.join(root, 'out')])
+    assert res['lengths'] == [8, 32, 64, 128, 4096]
+    by_name = {r['name']: r for r in res['runs']}
+    assert len(by_name) == 5
+    for r in res['runs']:
+        assert r['results'][4096] == {'status': 'too long'}  # the split holds 3000 tokens
+        assert r['results'][8]['n_tokens'] == 8 * 4  # shorter than K: all targets
+        for L in (32, 64, 128):
+            if r['name'] != 'learned':
+                assert r['results'][L]['n_tokens'] == 16 * 4  # the same number of scored tokens
+    assert by_name['learned']['results'][64] == {'status': 'n/a: learned'}
+    assert by_name['learned']['results'][32]['status'] == 'ok'  # up to its training length
+    # the labels group seeds; the p-value compares DAPE-Kerple with Kerple
+    groups = {g['label']: g for g in res['groups']}
+    assert set(groups) == {'kerple', 'dape-kerple', 'learned'}
+    assert groups['kerple']['n'] == 2 and groups['kerple']['ppl'][64]['std'] is not None
+    vals = [by_name[n]['results'][64]['ppl'] for n in ('kerple_s1', 'kerple_s2')]
+    assert groups['kerple']['ppl'][64]['mean'] == pytest.approx(np.mean(vals))
+    assert groups['kerple']['ppl'][64]['std'] == pytest.approx(np.std(vals, ddof=1))
+    (cmp,) = res['comparisons']
+    assert (cmp['label'], cmp['baseline']) == ('dape-kerple', 'kerple')
+    assert 0 <= cmp['p_value'][64]['p'] <= 1 and cmp['p_value'][4096] == {'status': 'too long'}
+    # ppl and bpb are consistent; byte data gets bits per byte
+    r = by_name['kerple_s1']['results'][64]
+    assert r['ppl'] == pytest.approx(math.exp(r['loss'])) and r['bpb'] == pytest.approx(r['loss'] / math.log(2))
+
+    # files: JSON without NaN, Markdown and CSV tables with every model and length, a PNG
+    def no_nan(x):
+        raise AssertionError(f"{x} in results.json")
+    with open(os.path.join(out, 'results.json')) as f:
+        saved = json.load(f, parse_constant=no_nan)
+    assert saved['lengths'] == [8, 32, 64, 128, 4096] and len(saved['runs']) == 5
+    ends = list(saved['protocol']['data'].values())[0]['window_ends']
+    assert len(ends) == 4 and saved['runs'][0]['results']['64']['window_loss']
+    md = open(os.path.join(out, 'results.md')).read()
+    for s in ('| model | n | 8 | 32 | 64 | 128 | 4096 |', 'dape-kerple', 'n/a: learned', 'too long', 'Bits per byte',
+              "Welch", '±'):
+        assert s in md
+    rows = open(os.path.join(out, 'results.csv')).read().strip().splitlines()
+    assert rows[0] == 'run,model,seed,metric,8,32,64,128,4096' and len(rows) == 1 + 5 * 2  # ppl and bpb
+    assert 'nan' not in open(os.path.join(out, 'results.csv')).read().lower()
+    with open(os.path.join(out, 'ppl_vs_length.png'), 'rb') as f:
+        assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+
+    # the same windows for another checkpoint evaluated on its own (same data, longest length, seed)
+    res2 = E.evaluate(cfg(out_dir=os.path.join(root, 'res2'), lengths='8,32,64,128,4096'), [runs[2]])
+    assert res2['protocol']['data'] == res['protocol']['data']
+    assert res2['runs'][0]['results'][64]['ppl'] == by_name['dape_kerple_s1']['results'][64]['ppl']
+
+
+def test_default_lengths_and_labels(tmp_path):
+    assert E.default_lengths({512}, 8192) == [512, 1024, 2048, 4096, 8192]
+    assert E.default_lengths({128, 512}, 1024) == [128, 256, 512, 1024]
+    assert E.default_lengths({16384}, 8192) == [8192]
+    base = dict(dataclasses.asdict(GPTConfig(**TINY)))
+    runs = [{'model_args': dict(base, pos='kerple'), 'data_dir': 'd'},
+            {'model_args': dict(base, pos='kerple', dape='v2', dape_kernel=5), 'data_dir': 'd'},
+            {'model_args': dict(base, pos='kerple', n_layer=4), 'data_dir': 'd'},
+            {'model_args': dict(base, pos='alibi', dape='v1', dape_variant='add_residual'), 'data_dir': 'd'}]
+    assert E.auto_labels(runs) == ['kerple[n_layer=2]', 'dapev2-kerple-k5', 'kerple[n_layer=4]',
+                                   'dape-alibi[add_residual]']
+
+
+def test_labels_override_and_user_errors(tmp_path):
+    root = str(tmp_path)
+    make_data(root)
+    a, b = make_ckpt(root, 'a', 1), make_ckpt(root, 'b', 2)
+    res = E.evaluate(cfg(out_dir=str(tmp_path / 'r'), lengths='32', labels='mine,mine'), [a, b])
+    assert [g['label'] for g in res['groups']] == ['mine'] and res['groups'][0]['n'] == 2
+    with pytest.raises(E.EvalError, match='--labels'):
+        E.evaluate(cfg(lengths='32', labels='x'), [a, b])
+    with pytest.raises(E.EvalError, match='no checkpoint'):
+        E.evaluate(cfg(lengths='32'), [str(tmp_path / 'missing')])
+    with open(tmp_path / 'bad.pt', 'wb') as f:
+        f.write(b'not a checkpoint')
+    with pytest.raises(E.EvalError, match='bad.pt'):
+        E.evaluate(cfg(lengths='32'), [str(tmp_path / 'bad.pt')])
+    enc = make_ckpt(root, 'encoder', causal=False)
+    with pytest.raises(E.EvalError, match='causal'):
+        E.evaluate(cfg(lengths='32'), [enc])
+    nodata = make_ckpt(root, 'nodata', dataset='absent')
+    with pytest.raises(E.EvalError, match='--data_dir'):
+        E.evaluate(cfg(lengths='32'), [nodata])
+    make_data(root, name='bpe', tokenizer='gpt2')
+    with pytest.raises(E.EvalError, match='vocabulary'):
+        E.evaluate(cfg(lengths='32', data_dir=os.path.join(root, 'data', 'bpe'), out_dir=str(tmp_path / 'r')), [a])
+    with pytest.raises(E.EvalError, match='lengths'):
+        E.evaluate(cfg(lengths='32,abc'), [a])
+
+
+def test_cli_positional_checkpoints_and_error_exit(tmp_path):
+    root = str(tmp_path)
+    make_data(root)
+    a = make_ckpt(root, 'a', 1)
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    p = subprocess.run([sys.executable, os.path.join(ROOT, 'eval_extrapolate.py'), a, '--lengths=16,32',
+                        '--eval_tokens=8', '--num_windows=2', '--plot=False', f'--out_dir={tmp_path / "r"}'],
+                       capture_output=True, text=True, env=env, cwd=root)
+    assert p.returncode == 0, p.stderr
+    assert 'L=32' in p.stdout and os.path.exists(tmp_path / 'r' / 'results.md')
+    p = subprocess.run([sys.executable, os.path.join(ROOT, 'eval_extrapolate.py'), str(tmp_path / 'nope')],
+                       capture_output=True, text=True, env=env, cwd=root)
+    assert p.returncode == 2 and 'no checkpoint' in p.stderr and 'Traceback' not in p.stderr
+
+
+# -----------------------------------------------------------------------------
+# statistics
+
+
+def test_welch_ttest_known_values():
+    # scipy.stats.ttest_ind(a, b, equal_var=False), computed once with scipy 1.17
+    t, df, p = E.welch_ttest([4.5123, 4.4875, 4.5371], [4.5817, 4.5565, 4.6069])
+    assert t == pytest.approx(-3.3997829716686114, rel=1e-10)
+    assert df == pytest.approx(3.998976393069252, rel=1e-10)
+    assert p == pytest.approx(0.027293651904141195, rel=1e-9)
+    t, df, p = E.welch_ttest([1.0, 2.0, 3.0, 4.0, 5.0], [2.0, 4.0, 6.0, 8.0, 10.0, 12.0])
+    assert (t, df, p) == pytest.approx((-2.3763541031440183, 6.972255729794934, 0.04928433820673053), rel=1e-9)
+    assert E.welch_ttest([1.0, 2.0], [1.0, 2.0])[2] == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        E.welch_ttest([1.0], [1.0, 2.0])
+    with pytest.raises(ValueError):
+        E.welch_ttest([1.0, 1.0], [2.0, 2.0])
+
+
+def test_betainc_identities():
+    for x in (0.01, 0.3, 0.5, 0.9, 0.999):
+        assert E.betainc(1.0, 1.0, x) == pytest.approx(x, rel=1e-12)
+        assert E.betainc(3.0, 1.0, x) == pytest.approx(x ** 3, rel=1e-10)
+        assert E.betainc(2.0, 5.0, x) == pytest.approx(1 - E.betainc(5.0, 2.0, 1 - x), abs=1e-12)
+    assert E.betainc(7.5, 7.5, 0.5) == pytest.approx(0.5, abs=1e-12)
+    assert E.betainc(2.5, 0.5, 0.3) == pytest.approx(0.018927124071945658, rel=1e-10)  # scipy.special.betainc
+
+
+def test_welch_matches_scipy_on_random_inputs():
+    stats = pytest.importorskip('scipy.stats')
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        a = rng.normal(rng.uniform(-1, 1), rng.uniform(0.1, 3), size=rng.integers(2, 9))
+        b = rng.normal(rng.uniform(-1, 1), rng.uniform(0.1, 3), size=rng.integers(2, 9))
+        ref = stats.ttest_ind(a, b, equal_var=False)
+        t, df, p = E.welch_ttest(a, b)
+        assert t == pytest.approx(ref.statistic, rel=1e-9) and p == pytest.approx(ref.pvalue, rel=1e-7, abs=1e-14)
+
+
+# -----------------------------------------------------------------------------
+# timing mode
+
+
+def test_timing_mode(tmp_path):
+    c = cfg(timing=True, timing_methods='kerple,dape-kerple,learned', timing_lengths='16,64',
+            timing_block_size=32, timing_vocab=64, n_layer=1, n_head=2, n_embd=16, timing_repeats=1,
+            out_dir=str(tmp_path))
+    ms = E.run_timing(c)
+    assert ms['kerple'][16] > 0 and ms['learned'][64] is None  # learned cannot run past its table
+    saved = json.load(open(tmp_path / 'timing.json'))
+    assert saved['reference'] == 'dape-kerple' and saved['ratio']['dape-kerple'] == 1.0
+    assert saved['ratio']['learned'] is None
+    assert 'ratio to dape-kerple' in open(tmp_path / 'timing.md').read()
+    with pytest.raises(E.EvalError, match='nonsense'):
+        E.run_timing(dict(c, timing_methods='nonsense'))
+
+
+# -----------------------------------------------------------------------------
+# visualize.py
+
+
+@pytest.mark.parametrize('kw', [
+    dict(pos='kerple', dape='v1'),
+    dict(pos='alibi', dape='v2', dape_variant='concat'),
+    dict(pos='t5', dape='v1', dape_variant='bias_only'),
+    dict(pos='fire', dape='v1', dape_variant='add_residual'),
+    dict(pos='rope', dape='v1'),
+    dict(pos='cope', dape='v2'),
+    dict(pos='xl', dape='none'),
+    dict(pos='kerple', dape='none'),
+])
+def test_visualized_terms_reproduce_the_layer(kw):
+    """A, B and f recomputed for chosen query rows give back the layer's actual output, and the terms
+    add up to the logits as the variant says."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**dict(TINY, **kw))).eval()
+    idx = torch.randint(0, 256, (1, 50))  # longer than block_size = 32
+    caps = V.capture_layers(model, idx, [0, 1])
+    for layer in (0, 1):
+        c = caps[layer]
+        rows = [0, 17, 49]
+        t = V.attention_terms(model.transformer.h[layer].attn, c['x'], c['pe'], c['pos_q'], c['pos_k'], rows)
+        torch.testing.assert_close(t['out'], c['out'][0, rows], rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(t['att'].sum(-1), torch.ones(2, 3))
+        assert (t['att'][:, 0, 1:] == 0).all()  # causal: row 0 sees key 0 only
+        if kw['dape'] == 'none':
+            assert t['f'] is None
+        if kw.get('dape_variant', 'concat_residual') == 'concat_residual' and kw['pos'] in ('kerple',) and t['f'] is not None:
+            torch.testing.assert_close(t['logits'], t['A'] + t['B'] + t['f'])
+        if kw['pos'] == 'rope':
+            assert t['B'] is None
+
+
+def test_visualize_writes_figures(tmp_path):
+    root = str(tmp_path)
+    make_data(root)
+    ck = make_ckpt(root, 'dape_kerple', pos='kerple', dape='v1')
+    c = {k: getattr(V, k) for k in V.config_keys}
+    c.update(length=100, heatmap_len=12, layers='all', out_dir=str(tmp_path / 'vis'), device='cpu')
+    written = V.visualize(c, ck)
+    names = sorted(os.path.basename(w) for w in written)
+    assert names == ['dape_kerple_layer0_heatmap12.png', 'dape_kerple_layer0_q99_rows.png',
+                     'dape_kerple_layer1_heatmap12.png', 'dape_kerple_layer1_q99_rows.png', 'dape_kerple_terms.npz']
+    arr = np.load(tmp_path / 'vis' / 'dape_kerple_terms.npz')
+    assert arr['layer0_q99_f'].shape == (2, 100) and arr['layer1_heatmap_B'].shape == (2, 12, 12)
+    for w in written[:-1]:
+        assert open(w, 'rb').read(4) == b'\x89PNG'
+    # random tokens (no data), a chosen query, learned capped at its table
+    ck2 = make_ckpt(root, 'learned', pos='learned')
+    c.update(random=True, query=10, layers='-1', heatmap_len=0, length=8192)
+    written = V.visualize(c, ck2)
+    assert [os.path.basename(w) for w in written] == ['learned_layer1_q10_rows.png', 'learned_terms.npz']
+    with pytest.raises(E.EvalError, match='layers'):
+        V.visualize(dict(c, layers='5'), ck2)

@@ -1,0 +1,110 @@
+"""sample.py on tiny checkpoints (random weights) with byte and GPT-2 BPE datasets made here."""
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import sample as S
+from eval_extrapolate import EvalError
+from model import GPT, GPTConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def make_data(root, name, tokenizer):
+    d = os.path.join(root, 'data', name)
+    os.makedirs(d, exist_ok=True)
+    vocab, dtype, eot = (256, 'uint8', 30) if tokenizer == 'byte' else (50257, 'uint16', 50256)
+    np.zeros(100, dtype=dtype).tofile(os.path.join(d, 'val.bin'))
+    with open(os.path.join(d, 'meta.json'), 'w') as f:
+        json.dump({'vocab_size': vocab, 'tokenizer': tokenizer, 'dtype': dtype, 'eot_token': eot}, f)
+    return d
+
+
+def make_ckpt(root, run, dataset, vocab_size=256, **kw):
+    torch.manual_seed(0)
+    args = dict(block_size=16, vocab_size=vocab_size, n_layer=1, n_head=2, n_embd=16, pos='kerple', dape='v1')
+    args.update(kw)
+    model = GPT(GPTConfig(**args))
+    out = os.path.join(root, 'out', run)
+    os.makedirs(out, exist_ok=True)
+    torch.save({'model': model.state_dict(), 'model_args': dataclasses.asdict(model.config), 'iter_num': 0,
+                'dataset': dataset, 'config': {'dataset': dataset, 'data_root': os.path.join(root, 'data')}},
+               os.path.join(out, 'ckpt.pt'))
+    return out
+
+
+def cfg(**kw):
+    c = {k: getattr(S, k) for k in S.config_keys}
+    c.update(device='cpu', num_samples=2, max_new_tokens=40)
+    c.update(kw)
+    return c
+
+
+def test_byte_samples_past_the_training_length(tmp_path, capsys):
+    root = str(tmp_path)
+    make_data(root, 'chars', 'byte')
+    ck = make_ckpt(root, 'byte', 'chars')
+    out = S.sample(cfg(start='Call me Ishmael.', temperature=1.0, top_k=0), ck)  # 16 + 40 > block_size 16
+    assert len(out) == 2 and all(s.startswith('Call me Ishmael.') for s in out)
+    assert out[0] != out[1]  # two different samples
+    assert out == S.sample(cfg(start='Call me Ishmael.', temperature=1.0, top_k=0), ck)  # seeded
+    assert '---------------' in capsys.readouterr().out
+    # greedy decoding from a file prompt
+    (tmp_path / 'prompt.txt').write_text('It was the best of times')
+    g = S.sample(cfg(start=f"FILE:{tmp_path / 'prompt.txt'}", temperature=0.0, num_samples=2), ck)
+    assert g[0] == g[1] and g[0].startswith('It was the best of times')
+    # an empty prompt starts from the end-of-text token
+    assert len(S.sample(cfg(start='', num_samples=1, max_new_tokens=5), ck)) == 1
+
+
+def test_bpe_samples(tmp_path):
+    root = str(tmp_path)
+    make_data(root, 'bpe', 'gpt2')
+    ck = make_ckpt(root, 'bpe', 'bpe', vocab_size=50304, n_embd=8, dape='none')
+    out = S.sample(cfg(start='Hello world', num_samples=1, max_new_tokens=20, top_k=10), ck)
+    assert out[0].startswith('Hello world') and len(out[0]) > len('Hello world')
+    # a byte dataset's checkpoint cannot read a BPE prompt
+    byte_ck = make_ckpt(root, 'byte', 'bpe')
+    with pytest.raises(EvalError, match='vocabulary'):
+        S.sample(cfg(start='Hello world'), byte_ck)
+
+
+def test_tokenizer_inferred_without_the_dataset(tmp_path):
+    ck = make_ckpt(str(tmp_path), 'byte', 'absent')
+    assert S.sample(cfg(start='abc', num_samples=1, max_new_tokens=3), ck)[0].startswith('abc')
+
+
+def test_errors(tmp_path):
+    root = str(tmp_path)
+    make_data(root, 'chars', 'byte')
+    with pytest.raises(EvalError, match='no checkpoint'):
+        S.sample(cfg(), str(tmp_path / 'missing'))
+    (tmp_path / 'bad.pt').write_bytes(b'garbage')
+    with pytest.raises(EvalError, match='bad.pt'):
+        S.sample(cfg(), str(tmp_path / 'bad.pt'))
+    with pytest.raises(EvalError, match='causal'):
+        S.sample(cfg(), make_ckpt(root, 'enc', 'chars', causal=False))
+    with pytest.raises(EvalError, match='learned'):
+        S.sample(cfg(max_new_tokens=40), make_ckpt(root, 'learned', 'chars', pos='learned', dape='none'))
+    with pytest.raises(EvalError, match='not found'):
+        S.sample(cfg(start='FILE:/nonexistent/prompt.txt'), make_ckpt(root, 'ok', 'chars'))
+
+
+def test_cli(tmp_path):
+    root = str(tmp_path)
+    make_data(root, 'chars', 'byte')
+    ck = make_ckpt(root, 'byte', 'chars')
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    p = subprocess.run([sys.executable, os.path.join(ROOT, 'sample.py'), ck, '--start=Hi', '--num_samples=1',
+                        '--max_new_tokens=5'], capture_output=True, text=True, env=env, cwd=root)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith('Hi') and '---------------' in p.stdout
+    p = subprocess.run([sys.executable, os.path.join(ROOT, 'sample.py'), f'--out_dir={tmp_path / "none"}'],
+                       capture_output=True, text=True, env=env, cwd=root)
+    assert p.returncode == 2 and 'no checkpoint' in p.stderr and 'Traceback' not in p.stderr
