@@ -1,0 +1,468 @@
+"""CHE task generators against independent re-implementations of their semantics (spec:
+../shared/specs/che.md), plus the runner end to end on CPU. The checkers below decode every sample
+with plain Python (lists, ints, a recursive-descent parser) and share no code with che_tasks.py."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import che_tasks as C
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LENGTHS = [1, 2, 3, 4, 5, 6, 7, 8, 11, 16, 40, 41, 97]
+
+
+# --- independent checkers: (x: list[int], y: list[int]) -> None (assert) -----------------------
+
+def check_even_pairs(x, y):
+    unequal = sum(a != b for a, b in zip(x, x[1:]))
+    assert y == [unequal % 2]
+
+
+def check_modular_arithmetic_simple(x, y, N):
+    assert len(x) == (N if N % 2 else N - 1)
+    assert all(t in range(5) for t in x[0::2]) and all(t in (5, 6, 7) for t in x[1::2])
+    text = ''.join(str(t) if i % 2 == 0 else '+-*'[t - 5] for i, t in enumerate(x))
+    assert y == [eval(text) % 5]  # Python's precedence: * before + and -
+
+
+def check_parity_check(x, y):
+    assert y == [x.count(1) % 2]
+
+
+def check_cycle_navigation(x, y):
+    position = 0
+    for t in x:
+        position = (position + {0: -1, 1: 0, 2: 1}[t]) % 5
+    assert y == [position]
+
+
+def check_stack_manipulation(x, y, N):
+    assert len(y) == N + 1
+    if N == 1:
+        assert x[0] in (0, 1) and y == [x[0], 2]
+        return
+    k = 0
+    while k < N and x[k] in (0, 1):
+        k += 1
+    # the initial stack is followed by actions only; k counted greedily can overshoot into leading
+    # actions only if an action were 0/1, which the vocabulary forbids; 1 <= k <= N-1 by the spec
+    assert 1 <= k <= N - 1 and all(t in (2, 3, 4) for t in x[k:])
+    stack = list(x[:k])
+    for t in x[k:]:
+        if t == 2:
+            if stack:
+                stack.pop()
+        else:
+            stack.append(t - 3)
+    expected = stack[::-1] + [2]
+    assert y == expected + [0] * (N + 1 - len(expected))
+
+
+def check_reverse_string(x, y):
+    assert y == x[::-1]
+
+
+class Parser:
+    """Recursive descent for E := d | '-' d | '(' E ')' | '(' E op E ')' over token names."""
+
+    def __init__(self, names):
+        self.t, self.i = names, 0
+
+    def peek(self):
+        return self.t[self.i] if self.i < len(self.t) else None
+
+    def take(self, expected=None):
+        tok = self.peek()
+        assert tok is not None and (expected is None or tok == expected), (self.t, self.i, expected)
+        self.i += 1
+        return tok
+
+    def expr(self):
+        tok = self.take()
+        if tok == '-':
+            d = self.take()
+            assert isinstance(d, int)
+            return -d
+        if isinstance(tok, int):
+            return tok
+        assert tok == '('
+        left = self.expr()
+        if self.peek() == ')':
+            self.take(')')
+            return left
+        op = self.take()
+        right = self.expr()
+        self.take(')')
+        return {'+': left + right, '-': left - right, '*': left * right}[op]
+
+    def parse_all(self):
+        v = self.expr()
+        assert self.i == len(self.t), 'trailing tokens'
+        return v
+
+
+def check_modular_arithmetic(x, y, N):
+    assert len(x) == N
+    names = [t if t < 5 else {5: '+', 6: '-', 7: '*', 8: '(', 9: ')'}[t] for t in x]
+    value = Parser(names).parse_all() % 5
+    assert y == [value]
+    # the generator's grammar: exactly the shapes of the spec for small N
+    if N <= 4:
+        assert [isinstance(n, int) for n in names] == [[True], [False, True],
+                                                       [False, True, False],
+                                                       [False, False, True, False]][N - 1]
+
+
+def check_solve_equation(x, y, N):
+    assert len(x) == N
+    if N < 3:
+        assert x == [0] * N and y == [0]
+        return
+    assert x[-2] == 10 and x[-1] in range(5) and x[:-2].count(9) == 1 and 10 not in x[:-2]
+    expr = {5: '+', 6: '-', 7: '(', 8: ')', 9: 'x'}
+    names = [t if t < 5 else expr[t] for t in x[:-2]]
+    assert '*' not in names
+    solutions = [d for d in range(5)
+                 if Parser([d if n == 'x' else n for n in names]).parse_all() % 5 == x[-1]]
+    assert solutions == y  # exactly one solution, and it is the label
+
+
+def check_duplicate_string(x, y):
+    assert y == x + x
+
+
+def check_missing_duplicate(x, y, N):
+    assert len(x) == N
+    if N == 1:
+        assert x == [1] and y == [1]
+        return
+    body = x[:-1] if N % 2 else x
+    if N % 2:
+        assert x[-1] == 3
+    h = N // 2
+    assert len(body) == 2 * h and body.count(2) == 1 and 3 not in body
+    hole = body.index(2)
+    twin = hole + h if hole < h else hole - h
+    assert y == [body[twin]]
+    assert all(body[i] == body[i + h] for i in range(h) if hole not in (i, i + h))
+
+
+def check_odds_first(x, y):
+    odd = [x[i] for i in range(len(x)) if i % 2 == 1]
+    even = [x[i] for i in range(len(x)) if i % 2 == 0]
+    assert y == odd + even
+
+
+def _le_int(bits):
+    return sum(b << i for i, b in enumerate(bits))
+
+
+def _check_terminated(y, value, out_len):
+    digits = []
+    while value:
+        digits.append(value & 1)
+        value >>= 1
+    digits = digits or [0]
+    expected = digits + [2]
+    assert len(expected) <= out_len
+    assert y == expected + [0] * (out_len - len(expected))
+
+
+def check_binary(x, y, N, op):
+    out_len = N + 1 if op == 'add' else N
+    assert len(x) == N and len(y) == out_len
+    if N <= 2:
+        assert 2 not in x and _le_int(x) < 2 ** N - 1
+        if op == 'add':
+            _check_terminated(y, _le_int(x), out_len)
+        else:
+            assert y == [0] * (N - 1) + [2]
+        return
+    assert x.count(2) == 1
+    p = x.index(2)
+    n, m = x[:p], x[p + 1:]
+    assert 1 <= len(n) <= N - 2 and len(m) == N - 1 - len(n)
+    a, b = _le_int(n), _le_int(m)
+    assert a >= 1 and b >= 1
+    _check_terminated(y, a + b if op == 'add' else a * b, out_len)
+
+
+def check_compute_sqrt(x, y, N):
+    assert len(y) == (N + 1) // 2
+    v = int(''.join(map(str, x)), 2)
+    r = int(''.join(map(str, y)), 2)
+    assert v >= 1 and r * r <= v < (r + 1) * (r + 1)
+
+
+def check_bucket_sort(x, y):
+    assert all(a <= b for a, b in zip(y, y[1:]))
+    assert sorted(x) == y and all(t in range(5) for t in x)
+
+
+CHECKERS = {
+    'even_pairs': lambda x, y, N: check_even_pairs(x, y),
+    'modular_arithmetic_simple': check_modular_arithmetic_simple,
+    'parity_check': lambda x, y, N: check_parity_check(x, y),
+    'cycle_navigation': lambda x, y, N: check_cycle_navigation(x, y),
+    'stack_manipulation': check_stack_manipulation,
+    'reverse_string': lambda x, y, N: check_reverse_string(x, y),
+    'modular_arithmetic': check_modular_arithmetic,
+    'solve_equation': check_solve_equation,
+    'duplicate_string': lambda x, y, N: check_duplicate_string(x, y),
+    'missing_duplicate': check_missing_duplicate,
+    'odds_first': lambda x, y, N: check_odds_first(x, y),
+    'binary_addition': lambda x, y, N: check_binary(x, y, N, 'add'),
+    'compute_sqrt': check_compute_sqrt,
+    'bucket_sort': lambda x, y, N: check_bucket_sort(x, y),
+    'binary_multiplication': lambda x, y, N: check_binary(x, y, N, 'mul'),
+}
+
+EXPECTED_VOCAB = {  # (input vocab, output vocab) from the spec
+    'even_pairs': (2, 2), 'modular_arithmetic_simple': (9, 5), 'parity_check': (2, 2),
+    'cycle_navigation': (3, 5), 'stack_manipulation': (5, 3), 'reverse_string': (2, 2),
+    'modular_arithmetic': (11, 5), 'solve_equation': (11, 5), 'duplicate_string': (2, 2),
+    'missing_duplicate': (4, 2), 'odds_first': (2, 2), 'binary_addition': (3, 3),
+    'compute_sqrt': (2, 2), 'bucket_sort': (5, 5), 'binary_multiplication': (3, 3),
+}
+EXPECTED_OUT_LEN = {
+    'stack_manipulation': lambda N: N + 1, 'reverse_string': lambda N: N,
+    'duplicate_string': lambda N: 2 * N, 'odds_first': lambda N: N,
+    'binary_addition': lambda N: N + 1, 'compute_sqrt': lambda N: math.ceil(N / 2),
+    'bucket_sort': lambda N: N, 'binary_multiplication': lambda N: N,
+}
+MASKED = {'stack_manipulation', 'binary_addition', 'binary_multiplication'}
+
+
+def test_registry_matches_spec():
+    assert set(C.TASKS) == set(CHECKERS) and len(C.TASKS) == 15
+    assert C.TABLE2_TASKS[0] == 'even_pairs' and C.TABLE2_TASKS[-1] == 'bucket_sort'
+    for name, task in C.TASKS.items():
+        assert (task.input_vocab, task.output_vocab) == EXPECTED_VOCAB[name], name
+        assert task.masked == (name in MASKED)
+        assert task.random_baseline == (0.2 if task.output_vocab == 5 else 0.5)
+    with pytest.raises(ValueError, match='unknown CHE task'):
+        C.get_task('nope')
+
+
+@pytest.mark.parametrize('name', list(C.TASKS))
+def test_generator_semantics(name):
+    task, check = C.TASKS[name], CHECKERS[name]
+    rng = np.random.default_rng(1234)
+    for N in LENGTHS:
+        B = 64 if N < 50 else 16
+        x, y, mask = task.sample(B, N, rng)
+        out_len = EXPECTED_OUT_LEN.get(name, lambda N: 1)(N)
+        assert x.dtype == np.int64 and y.dtype == np.int64 and mask.dtype == bool
+        assert y.shape == (B, out_len) == mask.shape and task.output_length(N) == out_len
+        assert x.min() >= 0 and x.max() < task.input_vocab
+        assert y.min() >= 0 and y.max() < task.output_vocab
+        for xb, yb, mb in zip(x.tolist(), y.tolist(), mask.tolist()):
+            check(xb, yb, N)
+            if name in MASKED:  # up to and including the first terminator
+                end = yb.index(2)
+                assert mb == [True] * (end + 1) + [False] * (out_len - end - 1)
+            else:
+                assert all(mb)
+
+
+@pytest.mark.parametrize('name', list(C.TASKS))
+def test_large_length(name):
+    N = 500
+    x, y, mask = C.TASKS[name].sample(4, N, np.random.default_rng(0))
+    assert y.shape[1] == C.TASKS[name].output_length(N)
+    for xb, yb in zip(x.tolist(), y.tolist()):
+        CHECKERS[name](xb, yb, N)
+
+
+def test_small_lengths_exact():
+    """Output lengths and masks at N = 1, 2, 3 written out by hand."""
+    rng = np.random.default_rng(0)
+    ba, bm, st = C.TASKS['binary_addition'], C.TASKS['binary_multiplication'], C.TASKS['stack_manipulation']
+    x, y, m = ba.sample(32, 1, rng)  # the only number < 2^1 - 1 is 0
+    assert (x == 0).all() and (y == [0, 2]).all() and (m == [True, True]).all()
+    x, y, m = bm.sample(32, 1, rng)
+    assert (y == [2]).all() and m.all()
+    x, y, m = bm.sample(32, 2, rng)
+    assert (y == [0, 2]).all() and m.all()
+    x, y, m = ba.sample(256, 2, rng)
+    assert set(map(tuple, y.tolist())) == {(0, 2, 0), (1, 2, 0), (0, 1, 2)}  # 0, 1, 2
+    x, y, m = ba.sample(256, 3, rng)  # 1+1 = 2 -> '01' + end
+    assert (x[:, 1] == 2).all() and (x[:, [0, 2]] == 1).all() and (y == [0, 1, 2, 0]).all()
+    assert (m == [True, True, True, False]).all()
+    x, y, m = bm.sample(256, 3, rng)  # 1*1 = 1 -> '1' + end + 0
+    assert (y == [1, 2, 0]).all() and (m == [True, True, False]).all()
+    x, y, m = st.sample(64, 1, rng)
+    assert (y[:, 1] == 2).all() and (y[:, 0] == x[:, 0]).all() and m.all()
+    x, y, m = st.sample(64, 2, rng)  # one bit then one action
+    assert y.shape == (64, 3) and set(x[:, 1].tolist()) <= {2, 3, 4}
+    for N, shape in [(1, 1), (2, 1), (3, 2)]:
+        assert C.TASKS['compute_sqrt'].sample(2, N, rng)[1].shape == (2, shape)
+    assert C.TASKS['modular_arithmetic_simple'].sample(2, 2, rng)[0].shape == (2, 1)
+    x, y, m = C.TASKS['missing_duplicate'].sample(64, 2, rng)  # s = one bit: 'b2' or '2b'
+    assert ((x == 2).sum(axis=1) == 1).all() and (y[:, 0] == x[x != 2]).all()
+    with pytest.raises(ValueError):
+        ba.sample(2, 0, rng)
+
+
+def test_distribution_sanity():
+    """Labels of the classification tasks are not degenerate; the split point of the binary tasks
+    covers its whole range."""
+    rng = np.random.default_rng(7)
+    for name in ['even_pairs', 'parity_check', 'cycle_navigation', 'modular_arithmetic',
+                 'modular_arithmetic_simple', 'solve_equation', 'missing_duplicate']:
+        y = C.TASKS[name].sample(2000, 21, rng)[1][:, 0]
+        counts = np.bincount(y, minlength=C.TASKS[name].output_vocab)
+        assert (counts > 0.5 * 2000 / len(counts) * 0.5).all(), (name, counts)
+    x = C.TASKS['binary_addition'].sample(4000, 10, rng)[0]
+    assert set((x == 2).argmax(axis=1).tolist()) == set(range(1, 9))
+
+
+@pytest.mark.parametrize('name', list(C.TASKS))
+def test_determinism(name):
+    task = C.TASKS[name]
+    a = task.sample(8, 23, np.random.default_rng(5))
+    b = task.sample(8, 23, np.random.default_rng(5))
+    c = task.sample(8, 23, np.random.default_rng(6))
+    for u, v in zip(a, b):
+        np.testing.assert_array_equal(u, v)
+    assert any(not np.array_equal(u, v) for u, v in zip(a, c))
+
+
+def test_make_batch_framing():
+    task = C.TASKS['duplicate_string']
+    idx, targets, y, mask = C.make_batch(task, 4, 5, np.random.default_rng(0))
+    assert idx.shape == targets.shape == (4, 15) and y.shape == (4, 10)
+    assert (idx[:, 5:] == task.input_vocab).all()           # placeholders
+    assert (targets[:, :5] == -1).all() and (targets[:, 5:] == y).all()
+    assert (y[:, :5] == idx[:, :5]).all()
+    assert C.max_sequence_length(task, 40) == 120
+    assert C.max_sequence_length(C.TASKS['modular_arithmetic_simple'], 40) == 40
+
+
+# --- the runner ------------------------------------------------------------------------------
+
+torch = pytest.importorskip('torch')
+
+TINY = ['--n_layer=1', '--n_head=2', '--n_embd=16', '--dape_width=8', '--max_iters=4',
+        '--batch_size=8', '--eval_samples=8', '--eval_batch_size=8', '--log_interval=2',
+        '--eval_min_len=41', '--eval_max_len=45', '--eval_stride=2', '--device=cpu']
+
+
+def _cfg(**kw):
+    cfg = {k: getattr(C, k) for k in C.config_keys}
+    cfg.update(n_layer=1, n_head=2, n_embd=16, dape_width=8, device='cpu')
+    cfg.update(kw)
+    return cfg
+
+
+class _Oracle(torch.nn.Module):
+    """A stand-in for GPT: logits that put all mass on the target (or on class `const`)."""
+
+    def __init__(self, V, const=None):
+        super().__init__()
+        self.V, self.const = V, const
+
+    def forward(self, idx, targets):
+        t = targets.clamp(min=0) if self.const is None else torch.full_like(targets, self.const)
+        return torch.nn.functional.one_hot(t, self.V).float() * 10, None
+
+
+def test_accuracy_is_token_weighted_and_masked():
+    import contextlib
+    task = C.TASKS['binary_addition']
+    cfg = _cfg(eval_samples=64, eval_batch_size=16)
+    accs, err = C.evaluate(_Oracle(4), task, [41, 60], cfg, 'cpu', contextlib.nullcontext(), log=lambda *a: None)
+    assert err is None and accs == {41: 1.0, 60: 1.0}
+    # always answering 0: accuracy = share of zeros among the unmasked target tokens of all samples
+    accs, _ = C.evaluate(_Oracle(4, const=0), task, [41], cfg, 'cpu', contextlib.nullcontext(), log=lambda *a: None)
+    rng = np.random.default_rng(cfg['seed'] + 1_000_003)  # the samples evaluate() drew
+    zeros = total = 0
+    for _ in range(4):
+        _, _, y, mask = C.make_batch(task, 16, 41, rng)
+        zeros += int(((y == 0) & mask).sum())
+        total += int(mask.sum())
+    assert accs[41] == pytest.approx(zeros / total)
+
+
+def test_runner_cli_end_to_end(tmp_path):
+    out = tmp_path / 'che'
+    cmd = [sys.executable, 'che_tasks.py', '--task=missing_duplicate', '--pos=kerple', '--dape=v1',
+           f'--out_dir={out}'] + TINY
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert 'score' in p.stdout
+    r = json.loads((out / 'missing_duplicate_kerple_v1.json').read_text())
+    assert sorted(map(int, r['per_length'])) == [41, 43, 45]
+    assert r['servable'] and 0 <= r['score'] <= 100 and r['random_baseline'] == 50
+    assert r['score'] == pytest.approx(np.mean(list(r['per_length'].values())))
+    assert r['train']['steps'] == 4 and r['rand_pos'] and r['block_size'] == 41
+    assert (out / 'missing_duplicate_kerple_v1.png').stat().st_size > 1000
+    # a bad option fails fast with one line, before any training
+    p = subprocess.run([sys.executable, 'che_tasks.py', '--task=nope'], cwd=ROOT, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 2 and 'unknown CHE task' in p.stderr
+
+
+def test_grid_table_and_not_servable(tmp_path):
+    """learned without randomized positions has no row for the test lengths: 'n/s', no crash."""
+    out = tmp_path / 'grid'
+    results, table = C.main(TINY + ['--grid=True', '--grid_tasks=even_pairs,bucket_sort',
+                                    '--grid_pos=alibi,learned', '--grid_dape=none', '--max_iters=2',
+                                    '--rand_pos=False', '--rand_pos_max=0', f'--out_dir={out}'])
+    lines = table.splitlines()
+    assert lines[0] == '| Level | Task | Random | ALiBi | Learned |'
+    assert lines[2].startswith('| R | even_pairs | 50 | ') and lines[3].startswith('| CS | bucket_sort | 20 | ')
+    for line in lines[2:4]:
+        cells = [c.strip() for c in line.strip('|').split('|')][3:]
+        assert cells[1] == 'n/s' and 0 <= float(cells[0]) <= 100
+    r = results[('even_pairs', 'learned', 'none')]
+    assert not r['servable'] and r['score'] is None and 'N=41' in r['error']
+    assert (out / 'table.md').exists() and (out / 'even_pairs.png').exists()
+    assert len(json.loads((out / 'grid.json').read_text())) == 4
+    assert [C.encoding_label(p, d) for p, d in C.PAPER_TABLE2_COLUMNS] == [
+        'ALiBi', 'Kerple', 'FIRE', 'DAPE-ALiBi', 'DAPE-Kerple', 'DAPE-FIRE']
+    assert C.encoding_label('rope', 'v2') == 'DAPEv2-RoPE'
+
+
+def test_randomized_positions_serve_longer_lengths():
+    """Trained with randomized positions, the model sees positions far past its training range,
+    and evaluates (positions 0..T-1) at test lengths longer than it: even `learned`, whose table
+    then has rand_pos_max rows."""
+    import contextlib
+    task = C.TASKS['reverse_string']
+    for pos in ['kerple', 'learned']:
+        cfg = _cfg(pos=pos, dape='v1', rand_pos=True, rand_pos_max=512, max_iters=3, batch_size=4,
+                   log_interval=3, eval_samples=4, eval_batch_size=4)
+        torch.manual_seed(0)
+        model = C.build_model(task, cfg)
+        assert model.config.block_size == 80 and model.config.rand_pos_max == 512
+        model.train()
+        drawn = torch.cat([model.positions(80) for _ in range(20)])
+        assert drawn.max() >= 80  # positions beyond the training length are trained
+        C.train(model, task, cfg, 'cpu', contextlib.nullcontext(), log=lambda *a: None)
+        accs, err = C.evaluate(model, task, [41, 150], cfg, 'cpu', contextlib.nullcontext(),
+                               log=lambda *a: None)
+        assert err is None and set(accs) == {41, 150}  # N=150: 300 tokens > block_size 80
+        assert all(0 <= a <= 1 for a in accs.values())
+    # without randomized positions, learned stops at its training length
+    cfg = _cfg(pos='learned', dape='none', rand_pos=False, rand_pos_max=0, eval_samples=4, eval_batch_size=4)
+    accs, err = C.evaluate(C.build_model(task, cfg), task, [41], cfg, 'cpu', contextlib.nullcontext(),
+                           log=lambda *a: None)
+    assert accs == {} and 'N=41' in err
+
+
+def test_block_size_and_vocab():
+    cfg = _cfg()
+    for name, bs in [('duplicate_string', 120), ('binary_addition', 81), ('even_pairs', 41),
+                     ('compute_sqrt', 60)]:
+        g = C.build_model(C.TASKS[name], cfg, config_only=True)
+        assert g.block_size == bs and not g.causal
+    assert C.build_model(C.TASKS['modular_arithmetic'], cfg, config_only=True).vocab_size == 12
+    assert C.build_model(C.TASKS['cycle_navigation'], cfg, config_only=True).vocab_size == 5
+    g = C.build_model(C.TASKS['parity_check'], _cfg(pos='nope'), config_only=True)
+    assert not g.rand_pos  # nope ignores positions: randomizing them is switched off, not an error
