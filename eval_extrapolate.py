@@ -609,14 +609,15 @@ def plot_ppl(groups, eval_lengths, protocol, path):
         ys = [s['mean'] for _, s in pts]
         errs = [s['std'] or 0.0 for _, s in pts]
         all_vals += ys
-        # DAPE-X and X share a colour (solid and dashed) so that pairs read at a glance
+        # DAPE-X and X share a colour so that pairs read at a glance; X dashed with circles, DAPE V1
+        # solid with squares, V2 dash-dotted with triangles
         color = colors.setdefault(plain_setting(g), f"C{len(colors) % 10}")
-        style = '-' if g['model_args'].get('dape', 'none') != 'none' else '--'
+        style, marker = {'none': ('--', 'o'), 'v1': ('-', 's'), 'v2': ('-.', '^')}[g['model_args'].get('dape', 'none')]
         label = g['label'] + (f" (n={g['n']})" if g['n'] > 1 else '')
         if any(errs):
-            h = ax.errorbar(xs, ys, yerr=errs, marker='o', ms=4, linestyle=style, color=color, capsize=3)
+            h = ax.errorbar(xs, ys, yerr=errs, marker=marker, ms=4, linestyle=style, color=color, capsize=3)
         else:
-            (h,) = ax.plot(xs, ys, marker='o', ms=4, linestyle=style, color=color)
+            (h,) = ax.plot(xs, ys, marker=marker, ms=4, linestyle=style, color=color)
         handles.append((h, label))
     for i, b in enumerate(sorted({g['block_size'] for g in groups})):
         h = ax.axvline(b, color='grey', linestyle=':', linewidth=1.2)
