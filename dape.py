@@ -21,23 +21,21 @@ directly (what attention uses: then f is not computed where it would be masked).
 before each convolution, so a row's result is the same whatever number of future columns the map
 happens to have (prefix consistency).
 
-How it is computed (the function is the same either way; tests check both against Appendix J):
-- f's first layer is linear, so it is split into a logits half and a bias half:
-  W1 . cat(A, B) = W1_A . A + W1_B . B. B has no batch axis for static encodings, so W1_B . B is
-  computed once per layer instead of once per sequence, and the concatenation is never built.
-- Both layers contract over the channel axis of the [batch, channel, query, key] maps (a matmul with
-  the heads as the inner dimension): nothing is permuted to channels-last and back.
-- On the CPU (_Tiled below) f runs tile by tile: a tile is a block of query rows of a group of
-  sequences, small enough that its hidden map [G, D, rows x keys] stays in cache. The [B, D, T, T]
-  hidden map (8x the logits at D = 32, H = 4) never exists at once. V1's backward pass recomputes a
-  tile's hidden map from A and B instead of saving it; V2, whose first layer costs k times more, keeps
-  it for the computed pairs only. In causal attention a block of rows only needs the keys up to its
-  last query, so the masked half of f is never computed, and probs() applies the mask and the softmax
-  in the tile too, so the logits never exist as a whole either. A (1, k) convolution is one matmul on
-  k shifted views of a row-padded tile (im2col along the key axis).
-- Elsewhere (CUDA, torch.compile) the same math runs on whole maps, which the GPU and the compiler do
-  best with.
+How it is computed (the function is the same either way; tests check both, outputs and gradients,
+against an independent float64 reference written like Appendix J):
+- Elsewhere than the CPU (CUDA, torch.compile) f runs on whole maps, which the GPU and the compiler do
+  best with. Its first layer is split into a logits half and a bias half, W1 . cat(A, B) = W1_A . A +
+  W1_B . B, so that W1_B . B is computed once for the batch when B has none, and both layers contract
+  over the channel axis of the [batch, channel, query, key] maps: nothing is permuted and back.
+- On the CPU (_Tiled below) f runs tile by tile, with a backward pass of its own: a tile is a block of
+  query rows of a group of sequences (about TILE_PAIRS pairs), so the [B, D, T, T] hidden map (8x the
+  logits at D = 32, H = 4) never exists at once. In causal attention a block of rows only needs the
+  keys up to its last query, so the masked half of f is never computed, and probs() applies the mask
+  and the softmax in the tile too. Each layer of f is one matrix product over the tile's pairs, with
+  the hidden map pairs-major and a (1, k) convolution as im2col along the key axis (details below).
 """
+
+import threading
 
 import torch
 import torch.nn as nn
@@ -63,9 +61,9 @@ class _DAPE(nn.Module):
     (w1 [D, C_in, k], b1 [D], w2 [H, D, k], b2 [H]) in weights() and k in self.kernel."""
 
     zero_future = False  # V2: zero the future before each layer
-    # keep the hidden map of the computed pairs for the backward pass (D floats per pair) rather than
-    # recompute it: worth it only for V2, whose first layer costs k times more (measured, bench.py)
-    save_hidden = False
+    # CPU training: keep each tile's hidden map for the backward pass (D floats per computed pair and
+    # layer, 8x the logits at D = 32, H = 4) rather than recompute it (bench.py: ~10% of a step)
+    save_hidden = True
 
     def __init__(self, n_head, width, variant, has_bias):
         super().__init__()
@@ -107,10 +105,9 @@ class _DAPE(nn.Module):
         C = x.shape[-3]
         if _use_tiles(x):
             # im2col column order: tap t, then channel c  ->  [D, k * C]
-            cols = lambda w: w.permute(0, 2, 1).reshape(w.shape[0], -1)
-            w1x, w1y = cols(w1[:, :C]), (cols(w1[:, C:]) if y is not None else None)
-            spec = _Spec(self.kernel, self.zero_future, res_y, future, out, self.save_hidden)
-            return _Tiled.apply(x, y, w1x, w1y, b1, w2.permute(2, 0, 1).contiguous(), b2, spec)
+            spec = _Spec(self.kernel, self.zero_future, res_y, future, out, self.save_hidden,
+                         grad=torch.is_grad_enabled())
+            return _Tiled.apply(x, y, w1, b1, w2, b2, spec)
         logits = self.f_whole(x, y, future, w1, b1, w2, b2)
         logits = logits + x if y is None or not res_y else logits + (x + y)
         return _finish(logits, future, out)
@@ -162,7 +159,6 @@ class DAPEV2(_DAPE):
     k - 1 neighbouring keys in the same query row, across all heads."""
 
     zero_future = True
-    save_hidden = True
 
     def __init__(self, n_head, width=32, kernel=3, variant="concat_residual", has_bias=True):
         super().__init__(n_head, width, variant, has_bias)
@@ -189,306 +185,296 @@ class DAPEV2(_DAPE):
 
 
 # -----------------------------------------------------------------------------
-# the CPU path: f tile by tile, recomputed in the backward pass
+# the CPU path: f tile by tile, with a backward pass of its own
+#
+# A tile is a block of query rows [s, e) of a group of sequences [b0, b1), with the keys [0, ne) that
+# those rows need. Its (query, key) pairs are laid out on one flat axis n = (sequence, row, key), each
+# row padded with p = k // 2 zeros on both sides (the convolution's zero padding; none for V1), so that
+# N = G * Q * (ne + 2p). On that axis both layers of f are one matrix product each:
+#
+#     X = im2col(cat(x, y)), then a row of ones    [k C + 1, N]    C = Cx + Cy channels; the ones carry b1
+#     h = LeakyReLU(X^T @ W1^T)                    [N, D]          V2: zero at padding and future pairs
+#     Z = W2 @ h^T                                 [k H, N]        all taps at once (M = k H rows, not H)
+#     f[:, n] = sum over taps t of Z[t H : (t + 1) H, n + t - p]
+#
+# The hidden map is kept pairs-major ([N, D], D contiguous): with K or M as small as the number of heads,
+# MKL runs every product of the forward and backward pass about twice as fast in that orientation as
+# with [D, N] (measured on this project's CPU: 44 against 59 ns per pair for all six products).
 
 
 
 class _Spec:
     """What _Tiled computes besides its tensors, and how it cuts the maps into tiles."""
 
-    def __init__(self, kernel, zero_future, res_y, future, out, save_hidden=False):
-        self.kernel, self.zero_future, self.res_y, self.save_hidden = kernel, zero_future, res_y, save_hidden
+    def __init__(self, kernel, zero_future, res_y, future, out, save_hidden, grad):
+        self.kernel, self.zero_future, self.res_y = kernel, zero_future, res_y
         self.future = future
         self.out = out if future is not None or out != "masked" else "logits"
         self.skip = future is not None and out != "logits"  # keys masked for a whole block: not computed
+        self.grad = grad  # a backward pass will follow: keep what it needs
+        self.save_hidden = save_hidden and grad  # keep h for the backward pass rather than recompute it
 
     def tiles(self, Bn, Tq, Tk):
-        """Tiles (a block of query rows [s, e) of a group of sequences [b0, b1)) holding about
-        TILE_PAIRS (query, key) pairs in all. A block of rows takes all Tk keys, or when the mask is
-        applied only the keys up to its last unmasked one: the rest is -inf (zero after the softmax),
-        and for V2 zero, which is what the conv's zero padding gives. Rows are padded by k // 2 on each
-        side, and counted with their padding."""
+        """Tiles of about TILE_PAIRS pairs, padding included: a block of rows takes all Tk keys, or when
+        the mask is applied only the keys up to its last unmasked one (the rest is -inf, zero after the
+        softmax; for V2 zero, which is what the conv's zero padding gives). Every sequence of the batch
+        goes into one tile where that fits; otherwise a tile is one block of rows of G sequences."""
         p = self.kernel // 2
         if self.skip:
             keys = torch.arange(1, Tk + 1, device=self.future.device)
             need = torch.where(self.future, 0, keys).amax(dim=1).clamp(min=1).tolist()
         else:
             need = [Tk] * Tq
-        row_budget = max(1, TILE_PAIRS // Bn)  # every sequence of the batch in one tile where it fits
-        s = 0
+        row_budget = max(1, TILE_PAIRS // Bn)
+        out, s = [], 0
         while s < Tq:
             e, ne = s + 1, need[s]
             while e < Tq and (e + 1 - s) * (max(ne, need[e]) + 2 * p) <= row_budget:
                 ne = max(ne, need[e])
                 e += 1
-            tile = _Tile(s, e, ne, p, self.future if self.zero_future or self.skip else None,
-                         self.zero_future)
-            G = max(1, min(Bn, TILE_PAIRS // tile.N))
+            G = max(1, min(Bn, TILE_PAIRS // ((e - s) * (ne + 2 * p))))
             for b0 in range(0, Bn, G):
-                yield tile, b0, min(b0 + G, Bn)
+                out.append(_Tile(s, e, ne, b0, min(b0 + G, Bn), p, self.future, self.zero_future))
             s = e
+        return out
 
 
 class _Tile:
-    """A block of Q query rows and their first ne keys, laid out as rows padded with p = k // 2 zeros
-    on each side: a [..., C, Q, L] map, L = ne + 2p, flat [..., C, N], in buffers of width W = M + 2p
-    (zeros after N). A (1, k) conv's outputs at the flat positions [p, p + M) read its inputs at
-    t + [0, M) for tap t = 0..k-1; outputs at the padding positions read across rows and are never used.
-    M = N - 2p rounded up to a multiple of 16, so that every matmul column goes through the same MKL
-    kernel (no tail): a pair's value is then the same bits whatever tile it falls in, which keeps
-    blocked, unblocked and cached attention equal to the last bit of f."""
+    """Rows [s, e), keys [0, ne), sequences [b0, b1) of the [B, C, Tq, Tk] maps; flat buffers hold its
+    pairs at [p, p + N) of a width N + 2p (see above)."""
 
-    def __init__(self, s, e, ne, p, future, zero_future):
-        self.s, self.e, self.ne, self.p = s, e, ne, p
-        self.Q, self.L = e - s, ne + 2 * p
-        self.N = self.Q * self.L
-        self.M = -(-(self.N - 2 * p) // 16) * 16
-        self.W = self.M + 2 * p
-        self.fut = future[s:e, :ne] if future is not None else None  # [Q, ne], True = future
-        if self.fut is not None and not self.fut.any():
-            self.fut = None
-        self.zmask = None  # [M]: where V2 zeroes its maps (padding, future, past N), flat positions [p, p + M)
-        if zero_future or p:
-            z = torch.ones(self.W, dtype=torch.bool, device=future.device if future is not None else "cpu")
-            zq = z[:self.N].view(self.Q, self.L)
-            zq[:, p:p + ne] = self.fut if (zero_future and self.fut is not None) else False
-            self.zmask = z[p:p + self.M]
-            if not self.zmask.any():
-                self.zmask = None
+    def __init__(self, s, e, ne, b0, b1, p, future, zero_future):
+        self.s, self.e, self.ne, self.b0, self.b1, self.p = s, e, ne, b0, b1, p
+        self.G, self.Q, self.L = b1 - b0, e - s, ne + 2 * p
+        self.N = self.G * self.Q * self.L
+        fut = future[s:e, :ne] if future is not None else None  # [Q, ne], True = future
+        self.fut = fut if fut is not None and bool(fut.any()) else None
+        # V2 zeroes its inputs in the future, and its hidden map there and in each row's padding: few
+        # pairs (a triangle per block of rows, 2p per row), so they are zeroed by index, not by a mask
+        zero_fut = self.fut if zero_future else None
+        self.fut_cols = self.zero_rows = None  # flat positions: of the inputs' buffers, of h's rows
+        if p or zero_fut is not None:
+            z = torch.zeros(self.Q, self.L, dtype=torch.bool)
+            if zero_fut is not None:
+                z[:, p:p + ne] = zero_fut
+                self.fut_cols = p + self._flat_index(z)
+            z[:, :p] = True
+            z[:, p + ne:] = True
+            self.zero_rows = self._flat_index(z)
 
-    def view(self, t):
-        """The tile of a [..., Tq, Tk] map: [..., Q, ne] (a strided view)."""
-        return t[..., self.s:self.e, :self.ne]
+    def _flat_index(self, z):
+        """The flat positions of every sequence's True entries of z [Q, L]."""
+        one = z.flatten().nonzero().squeeze(1)
+        return (one + self.Q * self.L * torch.arange(self.G)[:, None]).flatten()
 
-    def padded(self, t, zero_future):
-        """A [G, C, Q, ne] tile -> [G, C, W]: rows padded with zeros, the future zeroed if asked."""
-        G, C = t.shape[:2]
-        if self.p == 0 and not (zero_future and self.fut is not None) and self.N == self.W:
-            return t.reshape(G, C, self.N)
-        buf = t.new_zeros(G, C, self.W)
-        inner = self.valid(buf)
-        inner.copy_(t)
-        if zero_future and self.fut is not None:
-            inner.masked_fill_(self.fut, 0.0)
-        return buf
+    def of(self, t):
+        """The tile of a map, channels first: [B, C, Tq, Tk] -> [C, G, Q, ne]; a map shared by the batch
+        [C, Tq, Tk] -> [C, 1, Q, ne] (it broadcasts over the group). A strided view."""
+        if t.dim() == 3:
+            return t[:, None, self.s:self.e, :self.ne]
+        return t[self.b0:self.b1, :, self.s:self.e, :self.ne].transpose(0, 1)
 
-    def im2col(self, t, k, shift=0):
-        """[G, C, W] -> [G, k C, M]: block i is t[..., shift + i : shift + i + M]. shift=0: the inputs
-        of the conv's outputs; the backward pass reads the transposed conv's with shift 2p, taps reversed."""
-        if k == 1:
-            return t
-        if shift:
-            return torch.cat([t[..., shift - i:shift - i + self.M] for i in range(k)], dim=1)
-        return torch.cat([t[..., i:i + self.M] for i in range(k)], dim=1)
+    def rest(self, t):
+        """The keys after the tile's: [G, C, Q, Tk - ne] (a view of a [B, C, Tq, Tk] map)."""
+        return t[self.b0:self.b1, :, self.s:self.e, self.ne:]
 
-    def valid(self, t):
-        """[G, C, W] -> [G, C, Q, ne]: the positions that are real (query, key) pairs."""
-        return t[..., :self.N].view(*t.shape[:2], self.Q, self.L)[..., self.p:self.p + self.ne]
+    def slots(self, buf):
+        """Where the pairs sit in a flat buffer [R, N + 2p]: a view [R, G, Q, ne]."""
+        p, R = self.p, buf.shape[0]
+        return buf[:, p:p + self.N].view(R, self.G, self.Q, self.L)[..., p:p + self.ne]
+
+    def flat(self, maps, R, reverse=False, zero=None, ones=False):
+        """Maps [Ri, G or 1, Q, ne] stacked on the channel axis into a flat zero-padded [R, N + 2p] buffer
+        (a plain [R, N] one for V1), zero at the flat positions `zero`, then im2col'ed: [k R, N] with
+        block t = buf[:, t : t + N], the inputs of each output's tap t; reverse: block t =
+        buf[:, 2p - t : 2p - t + N], what the transposed convolution reads. ones: a last row of ones."""
+        p, N = self.p, self.N
+        if p == 0:
+            buf = maps[0].new_empty(R + ones, N)
+        else:
+            buf = maps[0].new_zeros(R, N + 2 * p)
+        slots, r = self.slots(buf[:R]), 0
+        for m in maps:
+            slots[r:r + m.shape[0]].copy_(m)
+            r += m.shape[0]
+        if zero is not None:
+            buf[:R].index_fill_(1, zero, 0.0)
+        if p == 0:
+            if ones:
+                buf[R].fill_(1.0)
+            return buf
+        k = 2 * p + 1
+        cols = buf.new_empty(k * R + ones, N)
+        for t in range(k):
+            start = 2 * p - t if reverse else t
+            cols[t * R:(t + 1) * R] = buf[:, start:start + N]
+        if ones:
+            cols[k * R].fill_(1.0)
+        return cols
 
 
 class _Tiled(torch.autograd.Function):
-    """x + (y if res_y) + f(x, y), masked and soft-maxed if spec.out asks, tile by tile.
-    x [B, Cx, Tq, Tk]; y None, [Cy, Tq, Tk] (shared by the batch) or [B, Cy, Tq, Tk];
-    w1x [D, k Cx], w1y [D, k Cy] (im2col columns); b1 [D]; w2 [k, H, D] (one [H, D] per tap); b2 [H].
-    Each op works on a whole tile [G, C, ...] of G sequences (bmm with the weights broadcast).
-    Saved for the backward pass: x, y, the probabilities (which attention keeps anyway) and, with
-    spec.save_hidden, the hidden map of the computed pairs only; without it, the backward pass recomputes it."""
+    """x + (y if res_y) + f(cat(x, y)), masked and soft-maxed if spec.out asks, tile by tile.
+    x [B, Cx, Tq, Tk]; y None, [Cy, Tq, Tk] (shared by the batch) or [B, Cy, Tq, Tk]; the module's own
+    weights w1 [D, C, k], b1 [D], w2 [H, D, k], b2 [H]. Saved for the backward pass: x, y, the weights,
+    the probabilities (which attention keeps anyway), each tile's first-layer input X (k C + 1 floats per
+    pair) and, with spec.save_hidden, its hidden map (D floats per pair); without it, h is recomputed."""
 
     @staticmethod
     @torch.amp.custom_fwd(device_type="cpu", cast_inputs=torch.float32)
-    def forward(ctx, x, y, w1x, w1y, b1, w2, b2, spec):
+    def forward(ctx, x, y, w1, b1, w2, b2, spec):
         Bn, _, Tq, Tk = x.shape
-        k, H, D = w2.shape
-        shared = y is not None and y.dim() == 3
-        save_hidden = spec.save_hidden and any(ctx.needs_input_grad)
-        ctx.hidden = []
+        W1, W2 = _matrices(w1, b1, w2)
+        H = w2.shape[0]
         out = x.new_empty(Bn, H, Tq, Tk)
         fill = 0.0 if spec.out == "probs" else float("-inf")
-        last = None
-        for tile, b0, b1_ in spec.tiles(Bn, Tq, Tk):
-            if tile is not last:  # a new block of rows: what all sequences share
-                last = tile
-                if tile.ne < Tk:  # keys after every query of the block
-                    out[:, :, tile.s:tile.e, tile.ne:] = fill
-                res = b2[:, None, None]
-                hy, ycols = _shared_first_layer(tile, y, w1y, b1, k, spec) if shared else (b1[:, None], None)
-                if shared and spec.res_y:
-                    res = res + tile.view(y)
-            xt = tile.view(x[b0:b1_])
-            yt = tile.view(y[b0:b1_]) if y is not None and not shared else None
-            act = _first_layer(tile, xt, yt, w1x, w1y, hy, k, spec)
-            _activation_(act, tile)
-            if save_hidden:
-                ctx.hidden.append(act)
-            if yt is not None and spec.res_y:
-                xt = xt + yt
-            logits = tile.valid(_conv_taps(w2, act, tile)).add_(xt).add_(res)
-            if spec.out != "logits" and tile.fut is not None:
-                logits.masked_fill_(tile.fut, float("-inf"))
+        tiles = spec.tiles(Bn, Tq, Tk)
+        saved, res = [], None
+        for tile in tiles:
+            if tile.ne < Tk:
+                tile.rest(out).fill_(fill)
+            if tile.b0 == 0:  # a new block of rows: what the sequences share
+                res = _block_residual(tile, y, b2, spec)
+            X = _inputs(tile, x, y)
+            h = _hidden(tile, X, W1, keep=spec.save_hidden)
+            if spec.grad:
+                saved.append((X, h) if spec.save_hidden else (X, None))
+            logits = _second_layer(tile, h, W2, H).add_(tile.of(x)).add_(res)
+            if y is not None and spec.res_y and y.dim() == 4:
+                logits.add_(tile.of(y))
             if spec.out == "probs":
                 logits = torch.softmax(logits, dim=-1)
-            tile.view(out[b0:b1_]).copy_(logits)
-        ctx.save_for_backward(x, y, w1x, w1y, b1, w2, out if spec.out == "probs" else None)
-        ctx.spec = spec
+            tile.of(out).copy_(logits)
+        ctx.save_for_backward(x, y, w1, b1, w2, out if spec.out == "probs" else None)
+        ctx.spec, ctx.tiles, ctx.tile_tensors = spec, tiles, saved
         return out
 
     @staticmethod
     @torch.amp.custom_bwd(device_type="cpu")
     def backward(ctx, g):
-        x, y, w1x, w1y, b1, w2, probs = ctx.saved_tensors
-        spec, hidden = ctx.spec, ctx.hidden[::-1]
-        ctx.hidden = None
-        Bn, Cx, Tq, Tk = x.shape
-        k, H, D = w2.shape
-        p = k // 2
-        shared = y is not None and y.dim() == 3
+        x, y, w1, b1, w2, probs = ctx.saved_tensors
+        spec, tiles, saved = ctx.spec, ctx.tiles, ctx.tile_tensors
+        ctx.tiles = ctx.tile_tensors = None
+        W1, W2 = _matrices(w1, b1, w2)
+        D, C, k = w1.shape
+        H, Cx, Tk = w2.shape[0], x.shape[1], x.shape[-1]
+        kC = k * C
         dx = torch.empty_like(x)
-        dy = None if y is None else torch.empty_like(y)
-        # weight gradients are summed per sequence of a tile group ([G, ...], baddbmm_ adds in place),
-        # then over the group at the end
-        Gmax = max(b1_ - b0 for _, b0, b1_ in spec.tiles(Bn, Tq, Tk))
-        dw1x_g, dw2_g = w1x.new_zeros(Gmax, *w1x.shape), w2.new_zeros(Gmax, k * H, D)
-        dw1y_g = None if y is None or shared else w1y.new_zeros(Gmax, *w1y.shape)
-        dw1y = None if y is None else torch.zeros_like(w1y)
-        db1, db2 = torch.zeros_like(b1), g.new_zeros(H)
-        w2_stack = w2.view(k * H, D)
-        last = None
-        for tile, b0, b1_ in spec.tiles(Bn, Tq, Tk):
-            M = tile.M
-            if tile is not last:
-                if shared and last is not None:
-                    _shared_grads(last, ycols, dh_sum, g_sum, w1y, dw1y, db1, dy, k, spec.zero_future)
-                last = tile
-                if tile.ne < Tk:  # pairs that were not computed (masked) get no gradient
-                    dx[..., tile.s:tile.e, tile.ne:] = 0.0
-                    if dy is not None:
-                        dy[..., tile.s:tile.e, tile.ne:] = 0.0
-                hy, ycols = _shared_first_layer(tile, y, w1y, b1, k, spec) if shared else (b1[:, None], None)
-                if shared:
-                    dh_sum = g.new_zeros(D, M)
-                    g_sum = g.new_zeros(H, tile.Q, tile.ne) if spec.res_y else None
-            xt = tile.view(x[b0:b1_])
-            yt = tile.view(y[b0:b1_]) if y is not None and not shared else None
-            xcols = tile.im2col(tile.padded(xt, spec.zero_future), k)
-            ycols_b = tile.im2col(tile.padded(yt, spec.zero_future), k) if yt is not None else None
-            if hidden:
-                act = hidden.pop()  # [G, D, N]: the activation, zero at the ends and where V2 zeroes
-                pre, pre_is_act = act[..., p:p + M], True  # LeakyReLU keeps the sign: act > 0 iff h > 0
-            else:  # recompute the first layer
-                h = _first_layer(tile, xt, yt, w1x, w1y, hy, k, spec, cols=(xcols, ycols_b))
-                act = F.leaky_relu(h, SLOPE)
-                if tile.zmask is not None:
-                    act[..., p:p + M].masked_fill_(tile.zmask, 0.0)
-                pre, pre_is_act = h[..., p:p + M], False
-
-            gt = tile.view(g[b0:b1_])  # gradient of the logits:
-            if spec.out == "probs":  # through the softmax
-                gt = torch._softmax_backward_data(gt, tile.view(probs[b0:b1_]), -1, gt.dtype)
-            elif spec.out == "masked" and tile.fut is not None:  # through masked_fill
-                gt = gt.masked_fill(tile.fut, 0.0)
-            db2 += gt.sum(dim=(0, 2, 3))
-            gcols = tile.im2col(tile.padded(gt, False), k, shift=2 * p)  # the transposed conv's inputs
-            G = gcols.shape[0]
-            dw2_g[:G].baddbmm_(gcols, act[..., p:p + M].transpose(1, 2))
-            dact = torch.bmm(_batched(w2_stack.t(), gcols), gcols)  # [G, D, M]
-            if tile.zmask is not None:
-                dact.masked_fill_(tile.zmask, 0.0)
-            dh = torch.ops.aten.leaky_relu_backward(dact, pre, SLOPE, pre_is_act)
-
-            dw1x_g[:G].baddbmm_(dh, xcols.transpose(1, 2))
-            dxt = _col2im(torch.bmm(_batched(w1x.t(), dh), dh), tile, k, spec.zero_future)
-            tile.view(dx[b0:b1_]).copy_(dxt.add_(gt))
-            if shared:
-                dh_sum += dh.sum(0)
-                if g_sum is not None:
-                    g_sum += gt.sum(0)
-            else:
-                db1 += dh.sum(dim=(0, 2))
-            if yt is not None:
-                dw1y_g[:G].baddbmm_(dh, ycols_b.transpose(1, 2))
-                dyt = _col2im(torch.bmm(_batched(w1y.t(), dh), dh), tile, k, spec.zero_future)
-                if spec.res_y:
-                    dyt += gt
-                tile.view(dy[b0:b1_]).copy_(dyt)
-        if shared:
-            _shared_grads(last, ycols, dh_sum, g_sum, w1y, dw1y, db1, dy, k, spec.zero_future)
-        if dw1y_g is not None:
-            dw1y = dw1y_g.sum(0)
-        return dx, dy, dw1x_g.sum(0), dw1y, db1, dw2_g.sum(0).view(k, H, D), db2, None
+        dy = None if y is None else (torch.zeros_like(y) if y.dim() == 3 else torch.empty_like(y))
+        dW1, dW2 = W1.new_zeros(kC + 1, D), W2.new_zeros(k * H, D)  # transposed: [k C + 1, D], [k H, D]
+        db2 = g.new_zeros(H)
+        for tile, (X, h) in zip(tiles, saved):
+            if tile.ne < Tk:  # pairs that were not computed (masked) get no gradient
+                tile.rest(dx).zero_()
+                if dy is not None and y.dim() == 4:
+                    tile.rest(dy).zero_()
+            gt = _logits_grad(tile, g, probs, spec)  # [H, G, Q, ne]
+            db2 += gt.sum(dim=(1, 2, 3))
+            if h is None:
+                h = _hidden(tile, X, W1)
+            gcols = tile.flat([gt], H, reverse=True)  # [k H, N]: what the second layer's transpose reads
+            dW2.addmm_(gcols, h)
+            dh = torch.mm(gcols.t(), W2, out=_work("dh", tile.N, D))  # the gradient of the activation,
+            torch.ops.aten.leaky_relu_backward.grad_input(dh, h, SLOPE, True, grad_input=dh)  # then of h
+            if tile.zero_rows is not None:
+                dh.index_fill_(0, tile.zero_rows, 0.0)
+            dW1.addmm_(X, dh)
+            dX = _col2im(tile, torch.mm(W1[:, :kC].t(), dh.t(), out=_work("dX", kC, tile.N)), C, k)
+            torch.add(dX[:Cx], gt, out=tile.of(dx))
+            if y is not None:
+                dYt = dX[Cx:].add_(gt) if spec.res_y else dX[Cx:]
+                if y.dim() == 3:
+                    tile.of(dy)[:, 0].add_(dYt.sum(dim=1))
+                else:
+                    tile.of(dy).copy_(dYt)
+        dw1 = dW1[:kC].t().reshape(D, k, C).permute(0, 2, 1)
+        dw2 = dW2.view(k, H, D).permute(1, 2, 0)
+        return dx, dy, dw1, dW1[kC], dw2, db2, None
 
 
-def _batched(w, like):
-    """A weight [m, n] as a batch [G, m, n] for bmm (a view: matmul's broadcasting would copy the tile)."""
-    return w.expand(like.shape[0], -1, -1)
+_workspace = threading.local()
 
 
-def _shared_first_layer(tile, y, w1y, b1, k, spec):
-    """The first layer's part from a y shared by the batch, plus its bias: [D, M], and y's columns."""
-    ycols = tile.im2col(tile.padded(tile.view(y)[None], spec.zero_future), k)[0]
-    return torch.addmm(b1[:, None], w1y, ycols), ycols
+def _work(name, rows, cols):
+    """A contiguous [rows, cols] scratch buffer, the same memory for every tile and call of this thread:
+    the products write into memory that is already mapped and in cache (a fresh 2 MB buffer per tile
+    costs page faults and cache misses, about as much as the products themselves)."""
+    buf = getattr(_workspace, name, None)
+    if buf is None or buf.numel() < rows * cols:
+        buf = torch.empty(rows * cols)
+        setattr(_workspace, name, buf)
+    return buf[:rows * cols].view(rows, cols)
 
 
-def _first_layer(tile, xt, yt, w1x, w1y, hy, k, spec, cols=None):
-    """The first layer before its activation, [G, D, N]: real at the flat positions [p, N - p), zero
-    at the p positions before and after (what the second conv pads with)."""
-    xcols, ycols = cols or (tile.im2col(tile.padded(xt, spec.zero_future), k),
-                            tile.im2col(tile.padded(yt, spec.zero_future), k) if yt is not None else None)
-    G, D, p = xcols.shape[0], w1x.shape[0], tile.p
-    if p == 0:
-        h = mid = torch.baddbmm(hy, _batched(w1x, xcols), xcols)
-    else:
-        h = xcols.new_empty(G, D, tile.W)
-        h[..., :p] = 0.0
-        h[..., p + tile.M:] = 0.0
-        mid = torch.baddbmm(hy, _batched(w1x, xcols), xcols, out=h[..., p:p + tile.M])
-    if ycols is not None:
-        mid.baddbmm_(_batched(w1y, ycols), ycols)
+def _matrices(w1, b1, w2):
+    """The weights as the flat products use them: W1 [D, k C + 1] (im2col order: tap t, then channel;
+    b1 last, against the row of ones) and W2 [k H, D] (tap t's [H, D] at rows t H .. t H + H - 1)."""
+    D, C, k = w1.shape
+    H = w2.shape[0]
+    W1 = torch.cat((w1.permute(0, 2, 1).reshape(D, k * C), b1[:, None]), dim=1)
+    return W1, w2.permute(2, 0, 1).reshape(k * H, D)
+
+
+def _block_residual(tile, y, b2, spec):
+    """What the logits of a block of rows add besides f and x, the same for every sequence: b2, y when
+    it is shared and added, and the mask (-inf in the future) when it is applied. [H or 1, 1, Q, ne]."""
+    res = b2[:, None, None, None]
+    if y is not None and spec.res_y and y.dim() == 3:
+        res = res + tile.of(y)
+    if spec.out != "logits" and tile.fut is not None:
+        res = res.masked_fill(tile.fut, float("-inf"))
+    return res
+
+
+def _logits_grad(tile, g, probs, spec):
+    """The gradient of the tile's logits [H, G, Q, ne]: through the softmax, or the -inf of the mask."""
+    gt = tile.of(g)
+    if spec.out == "probs":
+        return torch._softmax_backward_data(gt, tile.of(probs), -1, gt.dtype)
+    if spec.out == "masked" and tile.fut is not None:
+        return gt.masked_fill(tile.fut, 0.0)
+    return gt
+
+
+def _inputs(tile, x, y):
+    """The first layer's input X [k C + 1, N]: the tile of cat(x, y) im2col'ed, V2's future zeroed, and
+    a last row of ones (for b1)."""
+    maps = [tile.of(x)] if y is None else [tile.of(x), tile.of(y).expand(-1, tile.G, -1, -1)]
+    return tile.flat(maps, sum(m.shape[0] for m in maps), zero=tile.fut_cols, ones=True)
+
+
+def _hidden(tile, X, W1, keep=False):
+    """h = LeakyReLU(X^T W1^T) [N, D], zero where V2 zeroes it; in the workspace unless kept."""
+    N, D = tile.N, W1.shape[0]
+    h = torch.mm(X.t(), W1.t(), out=X.new_empty(N, D) if keep else _work("h", N, D))
+    F.leaky_relu(h, SLOPE, inplace=True)
+    if tile.zero_rows is not None:
+        h.index_fill_(0, tile.zero_rows, 0.0)
     return h
 
 
-def _activation_(h, tile):
-    """LeakyReLU in place, then zeros where V2 zeroes the hidden map (future and padding)."""
-    mid = h[..., tile.p:tile.p + tile.M]
-    F.leaky_relu(mid, SLOPE, inplace=True)
-    if tile.zmask is not None:
-        mid.masked_fill_(tile.zmask, 0.0)
-
-
-def _shared_grads(tile, ycols, dh_sum, g_sum, w1y, dw1y, db1, dy, k, zero_future):
-    """A shared y's part of the gradients, from the first layer's gradient summed over the batch."""
-    db1 += dh_sum.sum(dim=1)
-    dw1y.addmm_(dh_sum, ycols.t())
-    dyt = _col2im(torch.mm(w1y.t(), dh_sum)[None], tile, k, zero_future)[0]
-    if g_sum is not None:
-        dyt += g_sum
-    tile.view(dy).copy_(dyt)
-
-
-def _conv_taps(w2, act, tile):
-    """Second layer: sum over taps t of w2[t] @ act[..., t : t + M], at the flat positions [p, p + M)
-    of a [G, H, W] result (the rest is never read)."""
-    k, H, _ = w2.shape
+def _second_layer(tile, h, W2, H):
+    """f's second layer at the tile's pairs, without b2: [H, G, Q, ne] (a view of the workspace)."""
+    k, p, N = W2.shape[0] // H, tile.p, tile.N
+    Z = torch.mm(W2, h.t(), out=_work("Z", W2.shape[0], N))  # [k H, N]
     if k == 1:
-        return torch.bmm(_batched(w2[0], act), act)
-    o = act.new_empty(act.shape[0], H, tile.W)
-    om = o[..., tile.p:tile.p + tile.M]
-    torch.bmm(_batched(w2[0], act), act[..., :tile.M], out=om)
-    for t in range(1, k):
-        om.baddbmm_(_batched(w2[t], act), act[..., t:t + tile.M])
-    return o
+        return Z.view(H, tile.G, tile.Q, tile.ne)
+    o = _work("o", H, N + 2 * p)
+    inner = o[:, 2 * p:N]  # the outputs at flat positions [p, N - p): all that is ever read
+    torch.add(Z[:H, :N - 2 * p], Z[H:2 * H, 1:N - 2 * p + 1], out=inner)
+    for t in range(2, k):
+        inner.add_(Z[t * H:(t + 1) * H, t:N - 2 * p + t])
+    return tile.slots(o)
 
 
-def _col2im(dcols, tile, k, zero_future):
-    """The adjoint of padded() then im2col(): gradients [G, k C, M] of the k shifted views -> the
-    gradient [G, C, Q, ne] of the tile."""
-    G, C = dcols.shape[0], dcols.shape[1] // k
-    if k == 1 and tile.p == 0 and tile.N == tile.M:
-        d = dcols.view(G, C, tile.Q, tile.ne)
-    else:
-        flat = dcols.new_zeros(G, C, tile.W)
-        for t in range(k):
-            flat[..., t:t + tile.M] += dcols[:, t * C:(t + 1) * C]
-        d = tile.valid(flat)
-    if zero_future and tile.fut is not None:
-        d = d.masked_fill(tile.fut, 0.0)
-    return d
+def _col2im(tile, dcols, C, k):
+    """The adjoint of flat(): the gradients [k C, N] of the im2col blocks -> the tile's [C, G, Q, ne]
+    (zero where V2 zeroed its inputs)."""
+    if k == 1:
+        return dcols.view(C, tile.G, tile.Q, tile.ne)
+    buf = dcols.new_zeros(C, tile.N + 2 * tile.p)
+    for t in range(k):
+        buf[:, t:t + tile.N] += dcols[t * C:(t + 1) * C]
+    if tile.fut_cols is not None:
+        buf.index_fill_(1, tile.fut_cols, 0.0)
+    return tile.slots(buf)

@@ -1,0 +1,156 @@
+"""DAPE's f, outputs and every gradient, against an independent float64 autograd reference.
+
+dape.py computes f in two ways: whole maps with autograd (CUDA, torch.compile) and, on the CPU, tile by
+tile with a hand-written backward pass. Both must compute the same function as the paper's module: the
+reference below is written like Appendix J (tile B over the batch, concatenate, channels-last MLP or
+(1, k) convolutions) and run in float64, so that float32 rounding is the only difference allowed."""
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import dape
+from dape import DAPEV1, DAPEV2, VARIANTS
+
+H, D = 3, 5
+
+
+def reference(m, A, B, future, mode):
+    """What m computes, written independently of dape.py, in the dtype of A."""
+    Bb = None if B is None else (B if B.dim() == 4 else B[None]).expand(A.shape[0], -1, -1, -1)
+    if Bb is None:
+        x, res = A, A
+    elif m.variant == "concat_residual":
+        x, res = torch.cat((A, Bb), 1), A + Bb
+    elif m.variant == "concat":
+        x, res = torch.cat((A, Bb), 1), A
+    elif m.variant == "add_residual":
+        x, res = A + Bb, A + Bb
+    else:  # bias_only
+        x, res = Bb, A + Bb
+    if isinstance(m, DAPEV1):
+        fc1, fc2 = m.mlp[0], m.mlp[2]
+        h = F.leaky_relu(x.permute(0, 2, 3, 1) @ fc1.weight.to(A.dtype).t() + fc1.bias.to(A.dtype), 0.01)
+        f = (h @ fc2.weight.to(A.dtype).t() + fc2.bias.to(A.dtype)).permute(0, 3, 1, 2)
+    else:  # V2: the future is zeroed before each convolution
+        zero = (lambda t: t.masked_fill(future, 0.0)) if future is not None else (lambda t: t)
+        pad = (0, m.kernel // 2)
+        w = lambda c: (c.weight.to(A.dtype), c.bias.to(A.dtype))
+        h = zero(F.leaky_relu(F.conv2d(zero(x), *w(m.conv1), padding=pad), 0.01))
+        f = F.conv2d(h, *w(m.conv2), padding=pad)
+    logits = res + f
+    if mode == "logits" or future is None:
+        return logits
+    logits = logits.masked_fill(future, float("-inf"))
+    return logits if mode == "masked" else F.softmax(logits, dim=-1)
+
+
+def run(m, A, B, future, mode):
+    if mode == "probs":
+        return m.probs(A, B, future)
+    return m(A, B, future, mask_future=mode == "masked")
+
+
+def outputs_and_grads(m, A0, B0, G, future, mode, fn, dtype):
+    """fn's output and the gradients of sum(output * G) in A, B and m's parameters (the reference reads
+    the float32 parameters through .to(float64), so their gradients arrive on them either way)."""
+    A = A0.to(dtype).requires_grad_()
+    B = None if B0 is None else B0.to(dtype).requires_grad_()
+    out = fn(m, A, B, future, mode)
+    finite = torch.isfinite(out)  # the masked entries (-inf) carry no gradient
+    loss = (out.masked_fill(~finite, 0.0) * G.to(dtype)).sum()
+    got = torch.autograd.grad(loss, [A] + ([B] if B is not None else []) + list(m.parameters()))
+    return [out.detach().masked_fill(~finite, 0.0)] + list(got)
+
+
+def assert_equal_to_reference(m, A, B, future, mode, tol=1e-4):
+    G = torch.randn(A.shape[0], m.n_head, *A.shape[-2:], generator=torch.Generator().manual_seed(7))
+    want = outputs_and_grads(m, A, B, G, future, mode, reference, torch.float64)
+    got = outputs_and_grads(m, A, B, G, future, mode, run, torch.float32)
+    names = ["output", "dA"] + (["dB"] if B is not None else []) + [n for n, _ in m.named_parameters()]
+    top = max(w.abs().max().item() for w in want)
+    for name, g, w in zip(names, got, want):
+        # each tensor against its own scale, floored at 1% of the largest: a gradient that is zero in
+        # truth (the output bias's, under a softmax) is float32 noise; a wrong one is off by ~100%
+        scale = max(w.abs().max().item(), 1e-2 * top)
+        err = (g.double() - w).abs().max().item() / scale
+        assert err < tol, f"{name}: relative error {err:.2e}"
+
+
+def module(kind, variant, has_bias, seed=0):
+    torch.manual_seed(seed)
+    m = DAPEV1(H, D, variant, has_bias) if kind == "v1" else DAPEV2(H, D, int(kind[3:]), variant, has_bias)
+    with torch.no_grad():  # off the init, so that every weight moves the result
+        for p in m.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    return m
+
+
+def maps(Bn, Tq, Tk, bias, t0, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    A = 2 * torch.randn(Bn, H, Tq, Tk, generator=g)
+    B = {"none": None, "shared": torch.randn(H, Tq, Tk, generator=g),
+         "batched": torch.randn(Bn, H, Tq, Tk, generator=g)}[bias]
+    qi, ki = torch.arange(t0, t0 + Tq), torch.arange(Tk)
+    return A, B, ki[None, :] > qi[:, None]
+
+
+KINDS = ["v1", "v2k1", "v2k3", "v2k5"]
+MODES = ["probs", "masked", "logits", "bidirectional"]
+CASES = [(k, v, b) for k, v, b in itertools.product(KINDS, VARIANTS, ["shared", "batched", "none"])
+         if b != "none" or v == "concat_residual"]
+
+
+@pytest.fixture(params=["cpu-tiles", "whole-maps"])
+def path(request, monkeypatch):
+    """Both ways of computing f: the CPU's tiles (made small, so that a map takes many tiles and groups
+    of sequences) and the whole-map autograd path that CUDA and torch.compile take."""
+    if request.param == "cpu-tiles":
+        monkeypatch.setattr(dape, "TILE_PAIRS", 40)
+    else:
+        monkeypatch.setattr(dape, "_use_tiles", lambda x: False)
+    return request.param
+
+
+@pytest.mark.parametrize("kind,variant,bias", CASES)
+@pytest.mark.parametrize("mode", MODES)
+def test_f_and_its_gradients_equal_the_reference(path, kind, variant, bias, mode):
+    m = module(kind, variant, bias != "none")
+    A, B, future = maps(3, 11, 11, bias, t0=0)
+    assert_equal_to_reference(m, A, B, None if mode == "bidirectional" else future, mode)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("mode", ["probs", "logits"])
+def test_a_block_of_queries_against_all_keys(path, kind, mode):
+    """Attention in blocks (and the KV cache) asks for rows t0 .. t0 + Tq - 1 against keys 0 .. Tk - 1."""
+    m = module(kind, "concat_residual", True)
+    A, B, future = maps(2, 4, 13, "shared", t0=6)
+    assert_equal_to_reference(m, A, B, future, mode)
+
+
+@pytest.mark.parametrize("tile_pairs", [1, 7, 64, 10 ** 6])
+def test_any_tiling_gives_the_same_result(monkeypatch, tile_pairs):
+    """One row per tile, a few rows of one sequence, several sequences per tile, the whole batch."""
+    monkeypatch.setattr(dape, "TILE_PAIRS", tile_pairs)
+    for kind in KINDS:
+        m = module(kind, "concat_residual", True)
+        A, B, future = maps(3, 9, 9, "shared", t0=0)
+        assert_equal_to_reference(m, A, B, future, "probs")
+
+
+def test_a_broadcast_bias_of_batch_one():
+    m = module("v2k3", "concat_residual", True)
+    A, B, future = maps(2, 7, 7, "shared", t0=0)
+    torch.testing.assert_close(m.probs(A, B[None], future), m.probs(A, B, future), atol=1e-6, rtol=1e-6)
+
+
+def test_bf16_inputs_are_computed_in_float32():
+    m = module("v1", "concat_residual", True)
+    A, B, future = maps(2, 6, 6, "shared", t0=0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = m.probs(A.bfloat16(), B, future)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, m.probs(A.bfloat16().float(), B, future), atol=1e-6, rtol=1e-6)
