@@ -154,3 +154,16 @@ def test_bf16_inputs_are_computed_in_float32():
         out = m.probs(A.bfloat16(), B, future)
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, m.probs(A.bfloat16().float(), B, future), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_float64_runs_in_float64(kind):
+    """Without autocast the CPU path computes in the inputs' dtype (its scratch buffers included)."""
+    m = module(kind, "concat_residual", True).double()
+    A, B, future = maps(2, 7, 7, "shared", t0=0)
+    A, B = A.double().requires_grad_(), B.double()
+    out = m.probs(A, B, future)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, reference(m, A, B, future, "probs"), atol=1e-12, rtol=1e-12)
+    out.sum().backward()
+    assert A.grad.dtype == torch.float64
