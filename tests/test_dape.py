@@ -167,3 +167,13 @@ def test_float64_runs_in_float64(kind):
     torch.testing.assert_close(out, reference(m, A, B, future, "probs"), atol=1e-12, rtol=1e-12)
     out.sum().backward()
     assert A.grad.dtype == torch.float64
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_recomputing_the_hidden_map_in_backward(monkeypatch, kind):
+    """save_hidden = False (less memory in training): the backward pass recomputes h, same gradients."""
+    monkeypatch.setattr(dape._DAPE, "save_hidden", False)
+    monkeypatch.setattr(dape, "TILE_PAIRS", 40)
+    m = module(kind, "concat_residual", True)
+    A, B, future = maps(3, 9, 9, "shared", t0=0)
+    assert_equal_to_reference(m, A, B, future, "probs")
