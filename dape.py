@@ -30,9 +30,10 @@ against an independent float64 reference written like Appendix J):
 - On the CPU (_Tiled below) f runs tile by tile, with a backward pass of its own: a tile is a block of
   query rows of a group of sequences (about TILE_PAIRS pairs), so the [B, D, T, T] hidden map (8x the
   logits at D = 32, H = 4) never exists at once. In causal attention a block of rows only needs the
-  keys up to its last query, so the masked half of f is never computed, and probs() applies the mask
-  and the softmax in the tile too. Each layer of f is one matrix product over the tile's pairs, with
-  the hidden map pairs-major and a (1, k) convolution as im2col along the key axis (details below).
+  keys up to its last query, so the masked half of f is never computed. A tile runs f's products
+  alone: the residual, the mask and the softmax (and their gradients) are one call each on the whole
+  maps. Each layer of f is one matrix product over the tile's pairs, with the hidden map pairs-major
+  and a (1, k) convolution as im2col along the key axis (details below).
 """
 
 import threading
@@ -203,6 +204,9 @@ class DAPEV2(_DAPE):
 # (measured on this project's CPU, caches warm: 44 against 59 ns per pair for the six products).
 
 
+_tilings = {}  # _Spec.tiles' tilings, by shape, mask and kernel
+
+
 class _Spec:
     """What _Tiled computes besides its tensors, and how it cuts the maps into tiles."""
 
@@ -215,6 +219,18 @@ class _Spec:
         self.save_hidden = save_hidden and grad  # keep h for the backward pass rather than recompute it
 
     def tiles(self, Bn, Tq, Tk):
+        """The tiles for maps [Bn, C, Tq, Tk]; made once for each shape, mask and kernel (every layer of a
+        model, at every step, asks for the same few: making V2's takes ~0.7 ms at T = 64)."""
+        future = None if self.future is None else self.future.numpy().tobytes()
+        key = (Bn, Tq, Tk, self.kernel, self.zero_future, self.skip, TILE_PAIRS, future)
+        tiles = _tilings.get(key)
+        if tiles is None:
+            if len(_tilings) >= 64:  # an evaluation at many lengths: forget the old ones
+                _tilings.clear()
+            tiles = _tilings[key] = self.make_tiles(Bn, Tq, Tk)
+        return tiles
+
+    def make_tiles(self, Bn, Tq, Tk):
         """Tiles of about TILE_PAIRS pairs, padding included: a block of rows takes all Tk keys, or when
         the mask is applied only the keys up to its last unmasked one (the rest is -inf, zero after the
         softmax; for V2 zero, which is what the conv's zero padding gives). Every sequence of the batch
@@ -247,11 +263,11 @@ class _Tile:
         self.s, self.e, self.ne, self.b0, self.b1, self.p = s, e, ne, b0, b1, p
         self.G, self.Q, self.L = b1 - b0, e - s, ne + 2 * p
         self.N = self.G * self.Q * self.L
-        fut = future[s:e, :ne] if future is not None else None  # [Q, ne], True = future
-        self.fut = fut if fut is not None and bool(fut.any()) else None
         # V2 zeroes its inputs in the future, and its hidden map there and in each row's padding: few
         # pairs (a triangle per block of rows, 2p per row), so they are zeroed by index, not by a mask
-        zero_fut = self.fut if zero_future else None
+        zero_fut = future[s:e, :ne] if zero_future and future is not None else None  # [Q, ne], True = future
+        if zero_fut is not None and not bool(zero_fut.any()):
+            zero_fut = None
         self.fut_cols = self.zero_rows = None  # flat positions: of the inputs' buffers, of h's rows
         if p or zero_fut is not None:
             z = torch.zeros(self.Q, self.L, dtype=torch.bool)
@@ -273,10 +289,6 @@ class _Tile:
         if t.dim() == 3:
             return t[:, None, self.s:self.e, :self.ne]
         return t[self.b0:self.b1, :, self.s:self.e, :self.ne].transpose(0, 1)
-
-    def rest(self, t):
-        """The keys after the tile's: [G, C, Q, Tk - ne] (a view of a [B, C, Tq, Tk] map)."""
-        return t[self.b0:self.b1, :, self.s:self.e, self.ne:]
 
     def slots(self, buf):
         """Where the pairs sit in a flat buffer [R, N + 2p]: a view [R, G, Q, ne]."""
@@ -318,7 +330,11 @@ class _Tiled(torch.autograd.Function):
     x [B, Cx, Tq, Tk]; y None, [Cy, Tq, Tk] (shared by the batch) or [B, Cy, Tq, Tk]; the module's own
     weights w1 [D, C, k], b1 [D], w2 [H, D, k], b2 [H]. Saved for the backward pass: x, y, the weights,
     the probabilities (which attention keeps anyway), each tile's first-layer input X (k C + 1 floats per
-    pair) and, with spec.save_hidden, its hidden map (D floats per pair); without it, h is recomputed."""
+    pair) and, with spec.save_hidden, its hidden map (D floats per pair); without it, h is recomputed.
+
+    Everything but f is done once on the whole maps: the output starts as x + y + b2 (-inf where
+    masked), each tile adds f at its pairs, and the softmax (and in backward its gradient, db2, and the
+    residual's share of dx and dy) takes one call for the whole map; a tile only runs f's products."""
 
     @staticmethod
     @torch.amp.custom_fwd(device_type="cpu", cast_inputs=torch.float32)
@@ -326,53 +342,50 @@ class _Tiled(torch.autograd.Function):
         Bn, _, Tq, Tk = x.shape
         W1, W2 = _matrices(w1, b1, w2)
         H = w2.shape[0]
-        out = x.new_empty(Bn, H, Tq, Tk)
-        fill = 0.0 if spec.out == "probs" else float("-inf")
-        tiles = spec.tiles(Bn, Tq, Tk)
-        saved, res = [], None
-        for tile in tiles:
-            if tile.ne < Tk:
-                tile.rest(out).fill_(fill)
-            if tile.b0 == 0:  # a new block of rows: what the sequences share
-                res = _block_residual(tile, y, b2, spec)
+        out = _residual(x, y, b2, spec)
+        saved = []
+        for tile in spec.tiles(Bn, Tq, Tk):
             X = _inputs(tile, x, y)
             h = _hidden(tile, X, W1, keep=spec.save_hidden)
             if spec.grad:
-                saved.append((X, h) if spec.save_hidden else (X, None))
-            logits = _second_layer(tile, h, W2, H).add_(tile.of(x)).add_(res)
-            if y is not None and spec.res_y and y.dim() == 4:
-                logits.add_(tile.of(y))
-            if spec.out == "probs":
-                logits = torch.softmax(logits, dim=-1)
-            tile.of(out).copy_(logits)
+                saved.append((tile, X, h if spec.save_hidden else None))
+            tile.of(out).add_(_second_layer(tile, h, W2, H))
+        if spec.out == "probs":
+            torch._softmax(out, -1, False, out=out)  # in place: it reads each row before writing it
         ctx.save_for_backward(x, y, w1, b1, w2, out if spec.out == "probs" else None)
-        ctx.spec, ctx.tiles, ctx.tile_tensors = spec, tiles, saved
+        ctx.spec, ctx.tile_tensors = spec, saved
         return out
 
     @staticmethod
     @torch.amp.custom_bwd(device_type="cpu")
     def backward(ctx, g):
         x, y, w1, b1, w2, probs = ctx.saved_tensors
-        spec, tiles, saved = ctx.spec, ctx.tiles, ctx.tile_tensors
-        ctx.tiles = ctx.tile_tensors = None
+        spec, saved = ctx.spec, ctx.tile_tensors
+        ctx.tile_tensors = None
         W1, W2 = _matrices(w1, b1, w2)
         D, C, k = w1.shape
-        H, Cx, Tk = w2.shape[0], x.shape[1], x.shape[-1]
+        H, Cx = w2.shape[0], x.shape[1]
         kC = k * C
-        dx = torch.empty_like(x)
-        dy = None if y is None else (torch.zeros_like(y) if y.dim() == 3 else torch.empty_like(y))
+        # the logits' gradient, zero where masked (there the probabilities are 0, or the -inf hides x):
+        # it is dx, dy (when y is added) and db2 as far as the residual goes; the tiles add f's share
+        if spec.out == "probs":
+            dx = torch._softmax_backward_data(g, probs, -1, g.dtype)
+        elif spec.out == "masked":
+            dx = g.masked_fill(spec.future, 0.0)
+        else:
+            dx = g.clone()
+        db2 = dx.sum(dim=(0, 2, 3))
+        dy = None
+        if y is not None:
+            if y.dim() == 3:
+                dy = dx.sum(dim=0) if spec.res_y else torch.zeros_like(y)
+            else:
+                dy = dx.clone() if spec.res_y else torch.zeros_like(y)
         dW1, dW2 = W1.new_zeros(kC + 1, D), W2.new_zeros(k * H, D)  # transposed: [k C + 1, D], [k H, D]
-        db2 = g.new_zeros(H)
-        for tile, (X, h) in zip(tiles, saved):
-            if tile.ne < Tk:  # pairs that were not computed (masked) get no gradient
-                tile.rest(dx).zero_()
-                if dy is not None and y.dim() == 4:
-                    tile.rest(dy).zero_()
-            gt = _logits_grad(tile, g, probs, spec)  # [H, G, Q, ne]
-            db2 += gt.sum(dim=(1, 2, 3))
+        for tile, X, h in saved:
+            gcols = tile.flat([tile.of(dx)], H, reverse=True)  # [k H, N]: what the second layer's transpose reads
             if h is None:
                 h = _hidden(tile, X, W1)
-            gcols = tile.flat([gt], H, reverse=True)  # [k H, N]: what the second layer's transpose reads
             dW2.addmm_(gcols, h)
             dh = torch.mm(gcols.t(), W2, out=_work("dh", tile.N, D, g))  # the gradient of the activation,
             torch.ops.aten.leaky_relu_backward.grad_input(dh, h, SLOPE, True, grad_input=dh)  # then of h
@@ -380,13 +393,12 @@ class _Tiled(torch.autograd.Function):
                 dh.index_fill_(0, tile.zero_rows, 0.0)
             dW1.addmm_(X, dh)
             dX = _col2im(tile, torch.mm(W1[:, :kC].t(), dh.t(), out=_work("dX", kC, tile.N, g)), C, k)
-            torch.add(dX[:Cx], gt, out=tile.of(dx))
+            tile.of(dx).add_(dX[:Cx])
             if y is not None:
-                dYt = dX[Cx:].add_(gt) if spec.res_y else dX[Cx:]
                 if y.dim() == 3:
-                    tile.of(dy)[:, 0].add_(dYt.sum(dim=1))
+                    tile.of(dy)[:, 0].add_(dX[Cx:].sum(dim=1))
                 else:
-                    tile.of(dy).copy_(dYt)
+                    tile.of(dy).add_(dX[Cx:])
         dw1 = dW1[:kC].t().reshape(D, k, C).permute(0, 2, 1)
         dw2 = dW2.view(k, H, D).permute(1, 2, 0)
         return dx, dy, dw1, dW1[kC], dw2, db2, None
@@ -416,25 +428,15 @@ def _matrices(w1, b1, w2):
     return W1, w2.permute(2, 0, 1).reshape(k * H, D)
 
 
-def _block_residual(tile, y, b2, spec):
-    """What the logits of a block of rows add besides f and x, the same for every sequence: b2, y when
-    it is shared and added, and the mask (-inf in the future) when it is applied. [H or 1, 1, Q, ne]."""
-    res = b2[:, None, None, None]
-    if y is not None and spec.res_y and y.dim() == 3:
-        res = res + tile.of(y)
-    if spec.out != "logits" and tile.fut is not None:
-        res = res.masked_fill(tile.fut, float("-inf"))
-    return res
-
-
-def _logits_grad(tile, g, probs, spec):
-    """The gradient of the tile's logits [H, G, Q, ne]: through the softmax, or the -inf of the mask."""
-    gt = tile.of(g)
-    if spec.out == "probs":
-        return torch._softmax_backward_data(gt, tile.of(probs), -1, gt.dtype)
-    if spec.out == "masked" and tile.fut is not None:
-        return gt.masked_fill(tile.fut, 0.0)
-    return gt
+def _residual(x, y, b2, spec):
+    """What the logits add to f, on the whole maps: x + (y if res_y) + b2, -inf where masked when
+    spec.out asks for the mask (f is finite, so the -inf stays). A new [B, H, Tq, Tk] map."""
+    res = b2[:, None, None]
+    if y is not None and spec.res_y:
+        res = res + y  # [H, Tq, Tk], or [B, H, Tq, Tk] when y has a batch axis
+    if spec.out != "logits" and spec.future is not None:
+        res = res.masked_fill(spec.future, float("-inf"))
+    return x + res
 
 
 def _inputs(tile, x, y):

@@ -177,3 +177,16 @@ def test_recomputing_the_hidden_map_in_backward(monkeypatch, kind):
     m = module(kind, "concat_residual", True)
     A, B, future = maps(3, 9, 9, "shared", t0=0)
     assert_equal_to_reference(m, A, B, future, "probs")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_tilings_are_remembered_per_mask(monkeypatch, kind):
+    """The CPU path reuses a tiling for the same shapes and mask: masks of the same shape in turn (causal,
+    a window of 3 keys, causal again) each get their own."""
+    monkeypatch.setattr(dape, "TILE_PAIRS", 40)
+    m = module(kind, "concat_residual", True)
+    A, B, causal = maps(2, 9, 9, "shared", t0=0)
+    i = torch.arange(9)
+    window = causal | (i[None, :] < i[:, None] - 2)
+    for future in (causal, window, causal):
+        assert_equal_to_reference(m, A, B, future, "probs")

@@ -161,7 +161,9 @@ def test_bidirectional_encoder(pos, dape):
     changed[:, -1] = (changed[:, -1] + 1) % 37
     assert (full_logits(model, changed)[:, 0] - logits[:, 0]).abs().max() > 1e-4  # sees the future
     set_block(model, 4)
-    torch.testing.assert_close(full_logits(model, idx), logits, atol=1e-5, rtol=1e-5)
+    # blocks change the matrix products' shapes, hence their rounding: logits are O(5) here, and one of
+    # 666 differed by 1.4e-5 once (3e-6 of the scale); a wrong block would differ by O(1)
+    torch.testing.assert_close(full_logits(model, idx), logits, atol=5e-5, rtol=1e-5)
 
 
 def test_odd_sizes_and_backward():
