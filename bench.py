@@ -264,7 +264,8 @@ def plain_attend_block(self, q, k, v, pe, pos_q, pos_k, qi, ki, sdpa=False):
     future = ki[None, :] > qi[:, None]
     if sdpa:
         mask = torch.zeros(future.shape, device=q.device) if bias is None else bias
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.masked_fill(future, float("-inf")).to(q.dtype))
+        mask = mask.masked_fill(future, float("-inf")).to(q.dtype)[None]  # 4-D, as model.py gives it
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
     if bias is not None:
         att = att + bias

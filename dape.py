@@ -285,15 +285,21 @@ class _Tile:
 
     def of(self, t):
         """The tile of a map, channels first: [B, C, Tq, Tk] -> [C, G, Q, ne]; a map shared by the batch
-        [C, Tq, Tk] -> [C, 1, Q, ne] (it broadcasts over the group). A strided view."""
+        [C, Tq, Tk] -> [C, 1, Q, ne] (it broadcasts over the group). A strided view, made in one call
+        (tiles are small enough that a chain of slicing calls costs more than some of their arithmetic)."""
         if t.dim() == 3:
-            return t[:, None, self.s:self.e, :self.ne]
-        return t[self.b0:self.b1, :, self.s:self.e, :self.ne].transpose(0, 1)
+            sc, sq, sk = t.stride()
+            return t.as_strided((t.shape[0], 1, self.Q, self.ne), (sc, 0, sq, sk),
+                                t.storage_offset() + self.s * sq)
+        sb, sc, sq, sk = t.stride()
+        return t.as_strided((t.shape[1], self.G, self.Q, self.ne), (sc, sb, sq, sk),
+                            t.storage_offset() + self.b0 * sb + self.s * sq)
 
     def slots(self, buf):
-        """Where the pairs sit in a flat buffer [R, N + 2p]: a view [R, G, Q, ne]."""
-        p, R = self.p, buf.shape[0]
-        return buf[:, p:p + self.N].view(R, self.G, self.Q, self.L)[..., p:p + self.ne]
+        """Where the pairs sit in a flat buffer [R, N + 2p] (contiguous rows): a view [R, G, Q, ne]."""
+        R, W = buf.shape
+        return buf.as_strided((R, self.G, self.Q, self.ne), (buf.stride(0), self.Q * self.L, self.L, 1),
+                              buf.storage_offset() + 2 * self.p)
 
     def flat(self, maps, R, reverse=False, zero=None, ones=False):
         """Maps [Ri, G or 1, Q, ne] stacked on the channel axis into a flat zero-padded [R, N + 2p] buffer
