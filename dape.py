@@ -334,9 +334,10 @@ class _Tile:
 class _Tiled(torch.autograd.Function):
     """x + (y if res_y) + f(cat(x, y)), masked and soft-maxed if spec.out asks, tile by tile.
     x [B, Cx, Tq, Tk]; y None, [Cy, Tq, Tk] (shared by the batch) or [B, Cy, Tq, Tk]; the module's own
-    weights w1 [D, C, k], b1 [D], w2 [H, D, k], b2 [H]. Saved for the backward pass: x, y, the weights,
-    the probabilities (which attention keeps anyway), each tile's first-layer input X (k C + 1 floats per
-    pair) and, with spec.save_hidden, its hidden map (D floats per pair); without it, h is recomputed.
+    weights w1 [D, C, k], b1 [D], w2 [H, D, k], b2 [H]. Saved for the backward pass: the weights, the
+    probabilities (which attention keeps anyway), each tile's first-layer input X (k C + 1 floats per
+    pair: x and y themselves are not kept) and, with spec.save_hidden, its hidden map (D floats per pair);
+    without it, h is recomputed.
 
     Everything but f is done once on the whole maps: the output starts as x + y + b2 (-inf where
     masked), each tile adds f at its pairs, and the softmax (and in backward its gradient, db2, and the
@@ -358,19 +359,22 @@ class _Tiled(torch.autograd.Function):
             tile.of(out).add_(_second_layer(tile, h, W2, H))
         if spec.out == "probs":
             torch._softmax(out, -1, False, out=out)  # in place: it reads each row before writing it
-        ctx.save_for_backward(x, y, w1, b1, w2, out if spec.out == "probs" else None)
+        # not x and y: the tiles' X hold what backward needs of them, and the logits map A can be freed
+        ctx.save_for_backward(w1, b1, w2, out if spec.out == "probs" else None)
+        ctx.Cx, ctx.y_shape = x.shape[1], None if y is None else y.shape
         ctx.spec, ctx.tile_tensors = spec, saved
         return out
 
     @staticmethod
     @torch.amp.custom_bwd(device_type="cpu")
     def backward(ctx, g):
-        x, y, w1, b1, w2, probs = ctx.saved_tensors
+        w1, b1, w2, probs = ctx.saved_tensors
+        Cx, y_shape = ctx.Cx, ctx.y_shape
         spec, saved = ctx.spec, ctx.tile_tensors
         ctx.tile_tensors = None
         W1, W2 = _matrices(w1, b1, w2)
         D, C, k = w1.shape
-        H, Cx = w2.shape[0], x.shape[1]
+        H = w2.shape[0]
         kC = k * C
         # the logits' gradient, zero where masked (there the probabilities are 0, or the -inf hides x):
         # it is dx, dy (when y is added) and db2 as far as the residual goes; the tiles add f's share
@@ -382,11 +386,11 @@ class _Tiled(torch.autograd.Function):
             dx = g.clone()
         db2 = dx.sum(dim=(0, 2, 3))
         dy = None
-        if y is not None:
-            if y.dim() == 3:
-                dy = dx.sum(dim=0) if spec.res_y else torch.zeros_like(y)
+        if y_shape is not None:
+            if len(y_shape) == 3:
+                dy = dx.sum(dim=0) if spec.res_y else g.new_zeros(y_shape)
             else:
-                dy = dx.clone() if spec.res_y else torch.zeros_like(y)
+                dy = dx.clone() if spec.res_y else g.new_zeros(y_shape)
         dW1, dW2 = W1.new_zeros(kC + 1, D), W2.new_zeros(k * H, D)  # transposed: [k C + 1, D], [k H, D]
         for tile, X, h in saved:
             gcols = tile.flat([tile.of(dx)], H, reverse=True)  # [k H, N]: what the second layer's transpose reads
@@ -400,8 +404,8 @@ class _Tiled(torch.autograd.Function):
             dW1.addmm_(X, dh)
             dX = _col2im(tile, torch.mm(W1[:, :kC].t(), dh.t(), out=_work("dX", kC, tile.N, g)), C, k)
             tile.of(dx).add_(dX[:Cx])
-            if y is not None:
-                if y.dim() == 3:
+            if dy is not None:
+                if dy.dim() == 3:
                     tile.of(dy)[:, 0].add_(dX[Cx:].sum(dim=1))
                 else:
                     tile.of(dy).add_(dX[Cx:])
