@@ -384,13 +384,14 @@ class _Tiled(torch.autograd.Function):
             dx = g.masked_fill(spec.future, 0.0)
         else:
             dx = g.clone()
-        db2 = dx.sum(dim=(0, 2, 3))
         dy = None
         if y_shape is not None:
             if len(y_shape) == 3:
                 dy = dx.sum(dim=0) if spec.res_y else g.new_zeros(y_shape)
             else:
                 dy = dx.clone() if spec.res_y else g.new_zeros(y_shape)
+        shared = dy is not None and dy.dim() == 3 and spec.res_y  # then dy holds dx's sum over the batch
+        db2 = dy.sum(dim=(1, 2)) if shared else dx.sum(dim=(0, 2, 3))
         dW1, dW2 = W1.new_zeros(kC + 1, D), W2.new_zeros(k * H, D)  # transposed: [k C + 1, D], [k H, D]
         for tile, X, h in saved:
             gcols = tile.flat([tile.of(dx)], H, reverse=True)  # [k H, N]: what the second layer's transpose reads
