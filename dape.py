@@ -38,6 +38,7 @@ against an independent float64 reference written like Appendix J):
 
 import threading
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -221,7 +222,8 @@ class _Spec:
     def tiles(self, Bn, Tq, Tk):
         """The tiles for maps [Bn, C, Tq, Tk]; made once for each shape, mask and kernel (every layer of a
         model, at every step, asks for the same few: making V2's takes ~0.7 ms at T = 64)."""
-        future = None if self.future is None else self.future.numpy().tobytes()
+        # the mask's bits (packed: in blocked evaluation at 8192 keys a mask is 102 x 8192 bools)
+        future = None if self.future is None else np.packbits(self.future.numpy()).tobytes()
         key = (Bn, Tq, Tk, self.kernel, self.zero_future, self.skip, TILE_PAIRS, future)
         tiles = _tilings.get(key)
         if tiles is None:
