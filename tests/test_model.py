@@ -101,6 +101,28 @@ def test_automatic_blocks_bound_memory(monkeypatch):
     assert max(seen) == 6 and len(seen) == 2 * 7  # 2 layers x ceil(40 / 6) blocks
 
 
+@pytest.mark.parametrize("pos", ["kerple", "cope"])
+def test_cpu_blocks_fit_the_cache(monkeypatch, pos):
+    """On the CPU a block's [B, H, Q, Tk] map stays within ATTN_BLOCK_CACHE_CPU floats; same logits."""
+    import model as model_module
+    model = tiny(pos, "none")
+    idx = tokens(2, 40)
+    ref = full_logits(model, idx)
+    seen = []
+    attend_block = model_module.SelfAttention.attend_block
+
+    def spy(self, q, *args):
+        seen.append(q.shape[2])
+        return attend_block(self, q, *args)
+    monkeypatch.setattr(model_module.SelfAttention, "attend_block", spy)
+    n_head = model.config.n_head
+    monkeypatch.setattr(model_module, "ATTN_BLOCK_CACHE_CPU", 2 * n_head * 40 * 5)  # 5 query rows
+    with torch.no_grad():
+        out = full_logits(model, idx)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    assert max(seen) == 5 and len(seen) == 2 * 8  # 2 layers x 40 / 5 blocks
+
+
 @pytest.mark.parametrize("pos", POS)
 @pytest.mark.parametrize("dape", DAPE)
 def test_kv_cache_generation_equals_full_forward(pos, dape):
