@@ -299,7 +299,7 @@ class _Tile:
 
     def slots(self, buf):
         """Where the pairs sit in a flat buffer [R, N + 2p] (contiguous rows): a view [R, G, Q, ne]."""
-        R, W = buf.shape
+        R = buf.shape[0]
         return buf.as_strided((R, self.G, self.Q, self.ne), (buf.stride(0), self.Q * self.L, self.L, 1),
                               buf.storage_offset() + 2 * self.p)
 
@@ -334,7 +334,7 @@ class _Tile:
 
 
 class _Tiled(torch.autograd.Function):
-    """x + (y if res_y) + f(cat(x, y)), masked and soft-maxed if spec.out asks, tile by tile.
+    """x + (y if res_y) + f(cat(x, y)), masked and soft-maxed if spec.out asks, with f tile by tile.
     x [B, Cx, Tq, Tk]; y None, [Cy, Tq, Tk] (shared by the batch) or [B, Cy, Tq, Tk]; the module's own
     weights w1 [D, C, k], b1 [D], w2 [H, D, k], b2 [H]. Saved for the backward pass: the weights, the
     probabilities (which attention keeps anyway), each tile's first-layer input X (k C + 1 floats per
@@ -386,14 +386,16 @@ class _Tiled(torch.autograd.Function):
             dx = g.masked_fill(spec.future, 0.0)
         else:
             dx = g.clone()
-        dy = None
-        if y_shape is not None:
-            if len(y_shape) == 3:
-                dy = dx.sum(dim=0) if spec.res_y else g.new_zeros(y_shape)
-            else:
-                dy = dx.clone() if spec.res_y else g.new_zeros(y_shape)
-        shared = dy is not None and dy.dim() == 3 and spec.res_y  # then dy holds dx's sum over the batch
-        db2 = dy.sum(dim=(1, 2)) if shared else dx.sum(dim=(0, 2, 3))
+        dy = db2 = None
+        if y_shape is not None and not spec.res_y:
+            dy = g.new_zeros(y_shape)
+        elif y_shape is not None and len(y_shape) == 3:
+            dy = dx.sum(dim=0)
+            db2 = dy.sum(dim=(1, 2))  # dy already holds dx's sum over the batch
+        elif y_shape is not None:
+            dy = dx.clone()
+        if db2 is None:
+            db2 = dx.sum(dim=(0, 2, 3))
         dW1, dW2 = W1.new_zeros(kC + 1, D), W2.new_zeros(k * H, D)  # transposed: [k C + 1, D], [k H, D]
         for tile, X, h in saved:
             gcols = tile.flat([tile.of(dx)], H, reverse=True)  # [k H, N]: what the second layer's transpose reads

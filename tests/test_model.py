@@ -82,11 +82,9 @@ def test_blocked_equals_unblocked(pos, dape):
         torch.testing.assert_close(full_logits(model, idx), ref, atol=1e-5, rtol=1e-5)
 
 
-def test_automatic_blocks_bound_memory(monkeypatch):
+def record_query_blocks(monkeypatch):
+    """The list that every attention block's number of queries is appended to, from now on."""
     import model as model_module
-    model = tiny("kerple", "v2")
-    idx = tokens(1, 40)
-    ref = full_logits(model, idx)
     seen = []
     attend_block = model_module.SelfAttention.attend_block
 
@@ -94,6 +92,15 @@ def test_automatic_blocks_bound_memory(monkeypatch):
         seen.append(q.shape[2])
         return attend_block(self, q, *args)
     monkeypatch.setattr(model_module.SelfAttention, "attend_block", spy)
+    return seen
+
+
+def test_automatic_blocks_bound_memory(monkeypatch):
+    import model as model_module
+    model = tiny("kerple", "v2")
+    idx = tokens(1, 40)
+    ref = full_logits(model, idx)
+    seen = record_query_blocks(monkeypatch)
     monkeypatch.setattr(model_module, "ATTN_BLOCK_BUDGET", 40 * (4 * 3 + 2 * 32) * 6)  # ~6 query rows
     with torch.no_grad():
         out = full_logits(model, idx)
@@ -108,13 +115,7 @@ def test_cpu_blocks_fit_the_cache(monkeypatch, pos):
     model = tiny(pos, "none")
     idx = tokens(2, 40)
     ref = full_logits(model, idx)
-    seen = []
-    attend_block = model_module.SelfAttention.attend_block
-
-    def spy(self, q, *args):
-        seen.append(q.shape[2])
-        return attend_block(self, q, *args)
-    monkeypatch.setattr(model_module.SelfAttention, "attend_block", spy)
+    seen = record_query_blocks(monkeypatch)
     n_head = model.config.n_head
     monkeypatch.setattr(model_module, "ATTN_BLOCK_CACHE_CPU", 2 * n_head * 40 * 5)  # 5 query rows
     with torch.no_grad():
