@@ -346,11 +346,15 @@ class GPT(nn.Module):
         return flops
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
-        """AdamW with weight decay on matrices (embeddings, Linear and conv weights) only: biases, norms
-        and the scalar/vector parameters of the encodings (Kerple's r1, r2, ...) are not decayed."""
+        """AdamW with weight decay on the weights of Linear, conv and embedding layers only. Biases, norms
+        and the encodings' own parameters are not decayed, whatever their shape: Kerple's r1, r2 (and
+        a, p) are [H, 1, 1] and XL's biases u, v are [H, hs], so nanoGPT's rule (decay every parameter
+        of 2 or more dimensions) would pull the slopes towards their clamp, and u, v towards 0.
+        CoPE's position table is not decayed either (zero at init, like a bias)."""
+        matrices = {id(m.weight) for m in self.modules() if isinstance(m, (nn.Linear, nn.Conv2d, nn.Embedding))}
         params = [p for p in self.parameters() if p.requires_grad]
-        decay = [p for p in params if p.dim() >= 2]
-        no_decay = [p for p in params if p.dim() < 2]
+        decay = [p for p in params if id(p) in matrices]
+        no_decay = [p for p in params if id(p) not in matrices]
         groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
         use_fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **({"fused": True} if use_fused else {}))

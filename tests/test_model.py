@@ -466,14 +466,24 @@ def test_generate_needs_a_causal_model():
         tiny("alibi", causal=False).generate(tokens(1, 3), 2)
 
 
-def test_optimizer_decays_matrices_only():
-    model = tiny("kerple", "v2")
+@pytest.mark.parametrize("pos, pe_decayed", [
+    ("kerple", set()), ("kerple_power", set()), ("xl", {"W_R.weight"}), ("cope", set()),
+    ("fire", {"mlp.0.weight", "mlp.2.weight"}), ("t5", {"table.weight"})])
+def test_optimizer_decays_layer_weights_only(pos, pe_decayed):
+    """Weight decay on Linear, conv and embedding weights; never on biases, norms or the encodings' own
+    parameters, whatever their shape (Kerple's [H, 1, 1] slopes, XL's [H, hs] biases u and v)."""
+    model = tiny(pos, "v2")
     opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
     decay, no_decay = opt.param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
-    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
-    n = sum(p.numel() for g in opt.param_groups for p in g["params"])
-    assert n == sum(p.numel() for p in model.parameters())
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = {names[id(p)] for p in decay["params"]}
+    assert len(decay["params"]) + len(no_decay["params"]) == len(names)
+    assert decayed | {names[id(p)] for p in no_decay["params"]} == set(names.values())
+    assert {n.split(".", 2)[2] for n in decayed if n.startswith("pe.")} == pe_decayed
+    assert {"transformer.wte.weight", "transformer.h.0.attn.c_attn.weight", "transformer.h.0.mlp.c_fc.weight",
+            "transformer.h.0.attn.dape.conv1.weight", "transformer.h.0.attn.dape.conv2.weight"} <= decayed
+    assert not any(n.endswith("bias") or ".ln_" in n for n in decayed), decayed
 
 
 def test_flops_count_dape():
