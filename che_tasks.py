@@ -8,8 +8,9 @@ Two halves, readable top to bottom:
    numpy int64 inputs [B, n_in], targets [B, |y|] and a bool accuracy mask [B, |y|].
    Semantics: ../shared/specs/che.md (see also the docstrings below).
 2) A runner (protocol of Ruoss et al., ACL 2023): train the bidirectional encoder of model.py
-   (causal=False) on N ~ U{1..40}, evaluate on every N in 41..500, report the mean per-length
-   accuracy next to the random-guess baseline. Single runs, a tasks x encodings grid printed as
+   (causal=False) on N ~ U{1..40}, evaluate at lengths above 40 (the paper: every N in 41..500;
+   the CPU default: 41..100, every 5th), report the mean per-length accuracy next to the
+   random-guess baseline. Single runs, a tasks x encodings grid printed as
    the paper's Table 2, JSON results and a per-length accuracy plot.
 
 $ python che_tasks.py --task=reverse_string --pos=kerple --dape=v1         # CPU smoke run
@@ -456,13 +457,16 @@ def build_model(task, cfg, config_only=False):
     # GPTConfig refuses the combination: switch them off there rather than fail a grid cell
     uses_positions = cfg['pos'] not in ENCODINGS or ENCODINGS[cfg['pos']].uses_positions
     rand_pos = cfg['rand_pos'] and uses_positions  # (an unknown pos is left to GPTConfig to reject)
+    # the head is a Linear of its own, as in the reference suite: tied to the embedding, output class c
+    # would share its weights with input token c
     gcfg = GPTConfig(block_size=model_block_size(task, cfg['train_max_len']),
                      vocab_size=max(task.input_vocab + 1, task.output_vocab),
                      n_layer=cfg['n_layer'], n_head=cfg['n_head'], n_embd=cfg['n_embd'],
                      dropout=cfg['dropout'], bias=cfg['bias'], pos=cfg['pos'], dape=cfg['dape'],
                      dape_variant=cfg['dape_variant'], dape_width=cfg['dape_width'],
-                     dape_kernel=cfg['dape_kernel'], causal=False, rand_pos=rand_pos,
-                     rand_pos_max=cfg['rand_pos_max'] if rand_pos else 0)
+                     dape_kernel=cfg['dape_kernel'], causal=False, tie_weights=False, rand_pos=rand_pos,
+                     rand_pos_max=cfg['rand_pos_max'] if rand_pos else 0,
+                     rand_pos_eval=rand_pos and cfg['rand_pos_eval'])
     return gcfg if config_only else GPT(gcfg)
 
 
@@ -512,7 +516,8 @@ def train(model, task, cfg, device, autocast, log=print):
 
 
 def evaluate(model, task, lengths, cfg, device, autocast, log=print):
-    """Token-weighted masked accuracy at every N in lengths on fresh samples, positions 0..T-1.
+    """Token-weighted masked accuracy at every N in lengths on fresh samples; positions drawn at
+    random as in training (cfg rand_pos_eval, the reference suite's protocol) or 0..T-1.
     Stops at the first length the model cannot serve (`learned` past its table: ValueError) and
     returns (per-length accuracies, error message or None)."""
     import torch
@@ -528,8 +533,8 @@ def evaluate(model, task, lengths, cfg, device, autocast, log=print):
                 try:
                     _, correct = output_loss_and_correct(model, task, idx, targets, y, mask, autocast)
                 except ValueError as e:
-                    log(f"  N={N}: not servable: {e}")
-                    return accs, f"N={N}: {e}"
+                    log(f"  N={N} (sequence length {idx.shape[1]}): not servable: {e}")
+                    return accs, f"N={N} (sequence length {idx.shape[1]}): {e}"
                 right += (correct & mask).sum().item()
                 total += mask.sum().item()
             accs[N] = right / total
@@ -572,7 +577,7 @@ def run_one(cfg, log=print):
     model = build_model(task, cfg).to(device)
     result['n_params'] = sum(p.numel() for p in model.parameters())
     result['block_size'] = model.config.block_size
-    result['rand_pos'] = model.config.rand_pos
+    result['rand_pos'], result['rand_pos_eval'] = model.config.rand_pos, model.config.rand_pos_eval
     if cfg['compile']:
         model = torch.compile(model, dynamic=True)
     result['train'] = train(model, task, cfg, device, autocast, log)
@@ -586,7 +591,8 @@ def run_one(cfg, log=print):
     # the score is the mean over every evaluated length; a model that cannot run at some of them
     # has no score (the table says "n/s") rather than a mean over the lengths it happened to reach
     result['score'] = float(np.mean(list(accs.values()))) * 100 if error is None else None
-    log(f"== {task.name} | {label}: score {_fmt(result['score'])}% over N={lengths[0]}..{lengths[-1]}"
+    score = 'n/s (not servable)' if result['score'] is None else f"{result['score']:.2f}%"
+    log(f"== {task.name} | {label}: score {score} over N={lengths[0]}..{lengths[-1]}"
         f" (random {result['random_baseline']:.0f}%)")
     if cfg['out_dir']:
         os.makedirs(cfg['out_dir'], exist_ok=True)
@@ -663,7 +669,8 @@ def grid_table(results, tasks, columns, cfg):
                  f" (stride {cfg['eval_stride']}, {cfg['eval_samples']} samples each); one seed "
                  f"({cfg['seed']}), lr {cfg['learning_rate']}, {cfg['max_iters']} steps of batch "
                  f"{cfg['batch_size']}, {cfg['n_layer']}L/{cfg['n_head']}H/d{cfg['n_embd']}, "
-                 f"randomized positions {'up to ' + str(cfg['rand_pos_max']) if cfg['rand_pos'] else 'off'}. "
+                 f"randomized positions {'up to ' + str(cfg['rand_pos_max']) if cfg['rand_pos'] else 'off'}"
+                 f"{' (in evaluation too)' if cfg['rand_pos'] and cfg['rand_pos_eval'] else ''}. "
                  "n/s: not servable at the test lengths. The paper reports the max over seeds and "
                  "learning rates after 200k steps.")
     return '\n'.join(lines)
@@ -725,6 +732,7 @@ dropout = 0.0
 bias = False
 rand_pos = True              # randomized positions (Ruoss et al.) in training
 rand_pos_max = 2048          # the maximum randomized position L
+rand_pos_eval = True         # and at evaluation, as Ruoss et al.'s code does; False: positions 0..T-1
 train_max_len = 40           # training lengths N ~ U{1..train_max_len}
 max_iters = 300              # paper: 200k
 batch_size = 32              # paper: 128
@@ -771,6 +779,24 @@ def check_config(cfg):
     if not eval_lengths(cfg):
         raise ValueError(f"no evaluation lengths in eval_min_len..eval_max_len = "
                          f"{cfg['eval_min_len']}..{cfg['eval_max_len']}")
+    if not cfg['learning_rate'] > 0:
+        raise ValueError(f"learning_rate must be > 0, got {cfg['learning_rate']}")
+    if cfg['dtype'] not in ('auto', 'float32', 'bfloat16', 'float16'):
+        raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {cfg['dtype']!r}")
+    check_device(cfg['device'])
+
+
+def check_device(device):
+    """'auto', 'cpu', 'cuda' or 'cuda:N', where that device exists."""
+    import torch
+    if device in ('auto', 'cpu'):
+        return
+    if not (device == 'cuda' or device.startswith('cuda:') and device[5:].isdigit()):
+        raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {device!r}")
+    if not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but no CUDA device is available: use device=cpu (or auto)")
+    if device[5:] and int(device[5:]) >= torch.cuda.device_count():
+        raise ValueError(f"device={device!r} but only {torch.cuda.device_count()} CUDA device(s) are visible")
 
 
 def main(argv=None):

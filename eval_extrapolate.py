@@ -29,6 +29,7 @@ results.md, results.csv and ppl_vs_length.png (Figure 2 for your runs). `--timin
 and timing.md instead.
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -744,16 +745,17 @@ def evaluate(cfg, ckpt_paths):
     runs = []
     for path in files:
         model, ckpt = load_run(path, 'cpu')
-        del model
         d = resolve_data_dir(ckpt, cfg['data_dir'])
         conf = ckpt.get('config') or {}
         name = os.path.basename(os.path.dirname(os.path.abspath(path)))
         if os.path.basename(path) != 'ckpt.pt':  # several checkpoints of one out_dir
             name += '/' + os.path.basename(path)
         runs.append({'path': path, 'name': name,
-                     'data_dir': os.path.normpath(d), 'model_args': ckpt['model_args'],
+                     # the model's own config: checkpoints written before an option existed get its default
+                     'data_dir': os.path.normpath(d), 'model_args': dataclasses.asdict(model.config),
                      'seed': conf.get('seed'), 'iter_num': ckpt.get('iter_num'),
                      'best_val_loss': ckpt.get('best_val_loss')})
+        del model
     for r, lab in zip(runs, user_labels or auto_labels(runs)):
         r['label'] = lab
 

@@ -59,6 +59,8 @@ class GPTConfig:
     causal: bool = True  # False: a bidirectional encoder (CHE)
     rand_pos: bool = False  # randomized positions while training (Ruoss et al. 2023)
     rand_pos_max: int = 0  # positions are drawn from [0, rand_pos_max); 0: 4 * block_size
+    rand_pos_eval: bool = False  # draw them at evaluation too (Ruoss et al.'s CHE protocol); False: 0..T-1
+    tie_weights: bool = True  # the output head is the token embedding (GPT-2); False: a head of its own
     fire_L0: int = 0  # FIRE's threshold L0; 0: block_size
     attn_chunk: int = 0  # queries per attention block; 0: chosen from ATTN_BLOCK_BUDGET (and the CPU's cache)
 
@@ -93,8 +95,9 @@ class GPTConfig:
             self.rand_pos_max = self.rand_pos_max or 4 * self.block_size
             if self.rand_pos_max < self.block_size:
                 fail(f"rand_pos_max={self.rand_pos_max} must be >= block_size={self.block_size}")
-        elif self.rand_pos_max:
-            fail(f"rand_pos_max={self.rand_pos_max} has no effect without rand_pos=True")
+        elif self.rand_pos_max or self.rand_pos_eval:
+            what = f"rand_pos_max={self.rand_pos_max}" if self.rand_pos_max else "rand_pos_eval"
+            fail(f"{what} has no effect without rand_pos=True")
         if self.fire_L0 and self.pos != "fire":
             fail(f"fire_L0 has no effect with pos={self.pos!r}; it is FIRE's threshold")
         if self.attn_chunk < 0:
@@ -262,7 +265,8 @@ class GPT(nn.Module):
         # one encoding per layer (Kerple, FIRE, ...) or one for the whole model (T5's table, ALiBi, RoPE)
         self.pe = nn.ModuleList([PE(config) for _ in range(config.n_layer if PE.per_layer else 1)])
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.transformer.wte.weight = self.lm_head.weight  # weight tying
+        if config.tie_weights:
+            self.transformer.wte.weight = self.lm_head.weight
 
         self.apply(self._init_weights)
         for pn, p in self.named_parameters():  # GPT-2's scaled init of the residual projections
@@ -284,7 +288,8 @@ class GPT(nn.Module):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def get_num_params(self, non_embedding=True):
-        """Parameters, without the token embedding (tied to lm_head) and learned positions if asked."""
+        """Parameters; non_embedding leaves out learned positions (the token embedding stays in: with
+        tie_weights it is also the output head's weight, as in nanoGPT)."""
         n_params = sum(p.numel() for p in self.parameters())
         if non_embedding and self.config.pos == "learned":
             n_params -= self.pe[0].wpe.weight.numel()
@@ -292,9 +297,13 @@ class GPT(nn.Module):
 
     def positions(self, T, t0=0, device=None):
         """Positions of T new tokens after t0 earlier ones: 0, 1, 2, ... or, while training with
-        rand_pos, a sorted random subset of [0, rand_pos_max) (so that at evaluation the model has
-        already seen positions far beyond its training length)."""
-        if self.training and self.config.rand_pos:
+        rand_pos (and at evaluation too with rand_pos_eval), a sorted random subset of
+        [0, rand_pos_max), one for the whole batch (so that at evaluation the model has already seen
+        positions far beyond its training length)."""
+        if self.config.rand_pos and (self.training or self.config.rand_pos_eval):
+            if t0:
+                raise ValueError("randomized positions are drawn afresh for every forward, so they cannot "
+                                 "continue a KV cache: generate with rand_pos_eval=False")
             if t0 + T > self.config.rand_pos_max:
                 raise ValueError(f"cannot draw {t0 + T} randomized positions from [0, {self.config.rand_pos_max}); "
                                  f"raise rand_pos_max")

@@ -408,6 +408,17 @@ def test_runner_cli_end_to_end(tmp_path):
     assert p.returncode == 2 and 'unknown CHE task' in p.stderr
 
 
+@pytest.mark.parametrize('option, message', [
+    (dict(dtype='float64'), "dtype must be auto, float32, bfloat16 or float16, got 'float64'"),
+    (dict(device='tpu'), "device must be auto, cpu, cuda or cuda:N, got 'tpu'"),
+    (dict(learning_rate=-1.0), "learning_rate must be > 0"),
+    (dict(eval_min_len=90, eval_max_len=50), "no evaluation lengths"),
+])
+def test_bad_options_fail_before_training(option, message):
+    with pytest.raises(ValueError, match=message.replace('(', r'\(')):
+        C.check_config(_cfg(**option))
+
+
 def test_grid_table_and_not_servable(tmp_path):
     """learned without randomized positions has no row for the test lengths: 'n/s', no crash."""
     out = tmp_path / 'grid'
@@ -429,15 +440,32 @@ def test_grid_table_and_not_servable(tmp_path):
     assert C.encoding_label('rope', 'v2') == 'DAPEv2-RoPE'
 
 
+def test_evaluation_draws_positions_like_training():
+    """Ruoss et al.'s protocol (the default): evaluation draws randomized positions as training does;
+    rand_pos_eval=False evaluates at 0..T-1. The output head is a layer of its own."""
+    import contextlib
+    task = C.TASKS['reverse_string']
+    for rand_pos_eval in (True, False):
+        cfg = _cfg(rand_pos_max=512, rand_pos_eval=rand_pos_eval, eval_samples=2, eval_batch_size=2)
+        model = C.build_model(task, cfg)
+        assert model.lm_head.weight is not model.transformer.wte.weight
+        seen, positions = [], model.positions
+        model.positions = lambda *a, **k: seen.append(positions(*a, **k)) or seen[-1]
+        C.evaluate(model, task, [41], cfg, 'cpu', contextlib.nullcontext(), log=lambda *a: None)
+        assert not model.training and seen and all(len(p) == 82 for p in seen)
+        assert all(torch.equal(p, torch.arange(82)) != rand_pos_eval for p in seen)
+        assert all((p.diff() > 0).all() and p.max() < 512 for p in seen)
+
+
 def test_randomized_positions_serve_longer_lengths():
     """Trained with randomized positions, the model sees positions far past its training range,
-    and evaluates (positions 0..T-1) at test lengths longer than it: even `learned`, whose table
+    and evaluates at test lengths longer than it (positions 0..T-1 here): even `learned`, whose table
     then has rand_pos_max rows."""
     import contextlib
     task = C.TASKS['reverse_string']
     for pos in ['kerple', 'learned']:
-        cfg = _cfg(pos=pos, dape='v1', rand_pos=True, rand_pos_max=512, max_iters=3, batch_size=4,
-                   log_interval=3, eval_samples=4, eval_batch_size=4)
+        cfg = _cfg(pos=pos, dape='v1', rand_pos=True, rand_pos_max=512, rand_pos_eval=False, max_iters=3,
+                   batch_size=4, log_interval=3, eval_samples=4, eval_batch_size=4)
         torch.manual_seed(0)
         model = C.build_model(task, cfg)
         assert model.config.block_size == 80 and model.config.rand_pos_max == 512

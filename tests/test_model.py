@@ -435,6 +435,27 @@ def test_learned_with_randomized_positions_covers_the_random_range():
         model(tokens(1, 21), tokens(1, 21))
 
 
+def test_randomized_positions_at_evaluation():
+    """rand_pos_eval: evaluation draws positions as training does (one sorted subset of
+    [0, rand_pos_max) per forward); a KV cache cannot continue them, which generate says."""
+    model = tiny("rope", rand_pos=True, block_size=8, rand_pos_max=64).eval()
+    assert torch.equal(model.positions(10), torch.arange(10))
+    model = tiny("rope", rand_pos=True, block_size=8, rand_pos_max=64, rand_pos_eval=True).eval()
+    drawn = [model.positions(10) for _ in range(5)]
+    assert all((p.diff() > 0).all() and 0 <= p.min() and p.max() < 64 for p in drawn)
+    assert any(not torch.equal(p, torch.arange(10)) for p in drawn)
+    with pytest.raises(ValueError, match="cannot continue a KV cache"):
+        model.generate(tokens(1, 3), 2)
+
+
+def test_untied_output_head():
+    tied, untied = tiny("alibi"), tiny("alibi", tie_weights=False)
+    assert tied.lm_head.weight is tied.transformer.wte.weight
+    assert untied.lm_head.weight is not untied.transformer.wte.weight
+    n_embd = untied.transformer.wte.weight.numel()
+    assert untied.get_num_params() == tied.get_num_params() + n_embd
+
+
 # ---------------------------------------------------------------------------------------------
 # configuration errors, optimizer, flops, checkpoints
 
@@ -447,7 +468,8 @@ def test_learned_with_randomized_positions_covers_the_random_range():
     (dict(dape_variant="concat"), "has no effect with dape='none'"),
     (dict(pos="rope", dape="v1", dape_variant="bias_only"), "needs a positional bias B, and pos='rope' has none"),
     (dict(pos="nope", rand_pos=True), "rand_pos has no effect with pos='nope'"),
-    (dict(pos="rope", rand_pos_max=64), "has no effect without rand_pos=True"),
+    (dict(pos="rope", rand_pos_max=64), "rand_pos_max=64 has no effect without rand_pos=True"),
+    (dict(pos="rope", rand_pos_eval=True), "rand_pos_eval has no effect without rand_pos=True"),
     (dict(pos="rope", rand_pos=True, rand_pos_max=8), "must be >= block_size"),
     (dict(pos="alibi", fire_L0=64), "fire_L0 has no effect with pos='alibi'"),
     (dict(n_embd=30, n_head=4), "must be divisible by n_head"),
