@@ -153,6 +153,8 @@ def configure(defaults, argv=None):
             key, eq, text = arg[2:].partition('=')
             if key not in config:
                 raise _unknown(key, config, f"'{arg}'")
+            if not eq and not isinstance(config[key], bool):  # e.g. `--max_iters 5`: the 5 would be a file
+                raise ConfigError(f"'{arg}' needs a value: write --{key}=VALUE (default {config[key]!r})")
             value = _parse_value(text, config[key]) if eq else True
             config[key] = _check_type(key, value, config[key], f"'{arg}'")
     except ConfigError as e:

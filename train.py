@@ -31,7 +31,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from configurator import config_defaults, configure, update_config
+from configurator import ConfigError, config_defaults, configure, update_config
 from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
@@ -85,6 +85,42 @@ DEFAULTS = config_defaults(globals())  # every name above is a config key
 
 class NonFiniteLossError(RuntimeError):
     pass
+
+
+class CheckpointError(ValueError):
+    """out_dir's checkpoint cannot be used as asked (unreadable, foreign, or about to be overwritten)."""
+
+
+# model options a resumed run may set anew: they change no parameter
+RESUME_CHANGEABLE = ('dropout', 'attn_chunk')
+
+
+def check_config(C):
+    """Options that would fail late, or silently train nothing, fail here: before any process group,
+    data or model (ConfigError, which main() prints as one line)."""
+    for k in ('batch_size', 'gradient_accumulation_steps', 'eval_interval', 'log_interval', 'eval_iters'):
+        if getattr(C, k) < 1:
+            raise ConfigError(f"{k} must be >= 1, got {getattr(C, k)}")
+    for k in ('max_iters', 'warmup_iters', 'lr_decay_iters', 'min_lr', 'weight_decay', 'grad_clip'):
+        if getattr(C, k) < 0:
+            raise ConfigError(f"{k} must be >= 0, got {getattr(C, k)}")
+    if not C.learning_rate > 0:
+        raise ConfigError(f"learning_rate must be > 0, got {C.learning_rate}")
+    choices = {'init_from': ('scratch', 'resume'), 'dtype': ('auto', 'float32', 'bfloat16', 'float16'),
+               'backend': ('auto', 'nccl', 'gloo')}
+    for k, allowed in choices.items():
+        if getattr(C, k) not in allowed:
+            raise ConfigError(f"{k} must be one of {', '.join(allowed)}; got {getattr(C, k)!r}")
+    if C.device not in ('auto', 'cpu'):
+        if not (C.device == 'cuda' or C.device.startswith('cuda:') and C.device[5:].isdigit()):
+            raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {C.device!r}")
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device={C.device!r} but no CUDA device is available: use --device=cpu (or auto)")
+    model_args = {f.name: getattr(C, f.name) for f in dataclasses.fields(GPTConfig)}
+    try:  # the model options, before reading data (vocab_size comes from meta.json when 0)
+        GPTConfig(**{**model_args, 'vocab_size': C.vocab_size or 1})
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
 
 
 # -----------------------------------------------------------------------------
@@ -168,6 +204,49 @@ def save_checkpoint(checkpoint, path):
         pass
 
 
+def read_checkpoint(path, C):
+    """init_from='resume': the checkpoint at path, with clear errors for a missing, unreadable or
+    foreign file. 'scratch': None, after making sure that training will not overwrite a checkpoint
+    there (a run's checkpoint is never destroyed by a forgotten --init_from=resume)."""
+    if C.init_from == 'scratch':
+        if os.path.exists(path) and not C.eval_only:
+            raise CheckpointError(f"{path} already exists and init_from='scratch' would overwrite it: continue "
+                                  f"that run with --init_from=resume, or train into another --out_dir")
+        return None
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"init_from='resume' but {path} does not exist; train from scratch first "
+                                f"(--init_from=scratch) or set --out_dir")
+    try:
+        ckpt = torch.load(path, map_location='cpu', weights_only=True)
+    except Exception as e:
+        raise CheckpointError(f"{path} is not a readable checkpoint ({type(e).__name__}: {e}): truncated, or not "
+                         f"written by train.py. It was left as it is; train into another --out_dir") from e
+    needed = ('model', 'optimizer', 'model_args', 'iter_num', 'best_val_loss', 'rng')
+    missing = [k for k in needed if k not in ckpt] if isinstance(ckpt, dict) else list(needed)
+    if missing:
+        raise CheckpointError(f"{path} is not a train.py checkpoint that can be resumed: it lacks {missing}")
+    return ckpt
+
+
+def resumed_model_args(saved, config, path):
+    """The model options of a resumed run: the checkpoint's. An option this run sets (to other than its
+    default) must agree with them, since a trained model cannot change shape or encoding; only the
+    RESUME_CHANGEABLE ones may be set anew. -> (model_args, notes on what changed)"""
+    args, clash, notes = {}, [], []
+    for f in dataclasses.fields(GPTConfig):
+        k, old = f.name, saved.get(f.name, f.default)  # (a checkpoint older than the option: its default)
+        asked = config[k] != DEFAULTS[k] and config[k] != old
+        if asked and k in RESUME_CHANGEABLE:
+            notes.append(f"resuming with {k}={config[k]!r} (the checkpoint's: {old!r})")
+        elif asked:
+            clash.append(f"{k}={config[k]!r} (the checkpoint has {old!r})")
+        args[k] = config[k] if asked else old
+    if clash:
+        raise ConfigError(f"{path} cannot be resumed with {', '.join(clash)}: leave these options out (or "
+                          f"give the checkpoint's values), or train a new model into another --out_dir")
+    return args, notes
+
+
 def rng_state(data_state):
     """This process's random states, in types torch.load(weights_only=True) accepts."""
     npst = np.random.get_state()
@@ -195,6 +274,7 @@ def train(config=None, **overrides):
     ([(iter, train, val)]), model (the trained raw model)."""
     config = update_config(DEFAULTS, {**(config or {}), **overrides})
     C = SimpleNamespace(**config)
+    check_config(C)
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict,
@@ -264,33 +344,32 @@ def train(config=None, **overrides):
     model_args['vocab_size'] = C.vocab_size or meta['vocab_size']
     iter_num, best_val_loss, ckpt = 0, 1e9, None
     ckpt_path = os.path.join(C.out_dir, 'ckpt.pt')
+    # rank 0 reads the file (on resume; from scratch, only whether it exists); the others get its small
+    # part, or the error, here and the tensors when they are loaded
+    small = {}
+    if master:
+        try:
+            ckpt = read_checkpoint(ckpt_path, C)
+            small = {k: v for k, v in (ckpt or {}).items() if k not in ('model', 'optimizer')}
+        except (FileNotFoundError, CheckpointError) as e:
+            small = {'error': (type(e).__name__, str(e))}
+    if ddp:  # every process learns of a bad file too, instead of waiting for rank 0 forever
+        box = [small]
+        dist.broadcast_object_list(box, src=0)
+        small = box[0]
+    if 'error' in small:
+        kind, msg = small['error']
+        raise (FileNotFoundError if kind == 'FileNotFoundError' else CheckpointError)(msg)
     if C.init_from == 'resume':
-        # rank 0 reads the file; the others get its small part here and the tensors when they are loaded
-        small = None
-        if master:
-            if os.path.exists(ckpt_path):
-                ckpt = torch.load(ckpt_path, map_location='cpu', weights_only=True)
-                small = {k: v for k, v in ckpt.items() if k not in ('model', 'optimizer')}
-            else:
-                small = {'error': f"init_from='resume' but {ckpt_path} does not exist; train from scratch "
-                                  f"first (--init_from=scratch) or set --out_dir"}
-        if ddp:  # every process learns of a missing file too, instead of waiting for rank 0 forever
-            box = [small]
-            dist.broadcast_object_list(box, src=0)
-            small = box[0]
-        if 'error' in small:
-            raise FileNotFoundError(small['error'])
         if small.get('dataset') != C.dataset and master:
             print(f"note: the checkpoint was trained on '{small.get('dataset')}', continuing on '{C.dataset}'")
-        changed = {k: v for k, v in model_args.items() if k != 'vocab_size' and small['model_args'].get(k) != v}
-        if changed and master:
-            print(f"resuming: the checkpoint's model options are kept; ignoring {changed}")
-        model_args = dict(small['model_args'])
+        model_args, notes = resumed_model_args(small['model_args'], config, ckpt_path)
+        for note in notes if master else ():
+            print(note)
+        config.update({k: v for k, v in model_args.items() if k != 'vocab_size'})  # what the run really is
         iter_num, best_val_loss = small['iter_num'], small['best_val_loss']
-    elif C.init_from != 'scratch':
-        raise ValueError(f"init_from must be 'scratch' or 'resume', got {C.init_from!r}")
     if model_args['vocab_size'] < meta['vocab_size']:
-        raise ValueError(f"vocab_size={model_args['vocab_size']} is smaller than dataset '{C.dataset}''s "
+        raise ConfigError(f"vocab_size={model_args['vocab_size']} is smaller than dataset '{C.dataset}''s "
                          f"{meta['vocab_size']} (meta.json); leave vocab_size=0 to take the dataset's")
 
     torch.manual_seed(C.seed)  # the same initial weights in every process (FSDP shards them as they are)
@@ -491,7 +570,10 @@ def main(argv=None):
     config = configure(DEFAULTS, argv)
     try:
         train(config)
-    except NonFiniteLossError as e:
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except (NonFiniteLossError, CheckpointError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
     finally:
         import torch.distributed as dist

@@ -39,6 +39,7 @@ def test_bool_spellings():
     ('--compile=1', ["'compile'", 'bool']),
     ('--learning_rate=fast', ["'learning_rate'", 'float']),
     ('--dape_width=None', ["'dape_width'", 'int']),
+    ('--max_iters', ["'--max_iters' needs a value", '--max_iters=VALUE']),  # `--max_iters 5`
 ])
 def test_wrong_type_is_an_error_naming_the_key(arg, words):
     with pytest.raises(ConfigError) as e:

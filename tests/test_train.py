@@ -174,6 +174,61 @@ def test_data_errors_name_the_prepare_command(tmp_path):
         train.train(TINY, dataset='tiny', data_root=root, out_dir=str(tmp_path / 'o'), init_from='resume')
 
 
+def test_a_checkpoint_is_never_overwritten_or_misread(data_root, tmp_path):
+    """From scratch into an out_dir that holds a checkpoint: refused. Resume from a corrupt file, or
+    with model options the checkpoint does not have: clear errors. The file is unchanged each time."""
+    out = tmp_path / 'out'
+    run(data_root, out, max_iters=2, eval_interval=2)
+    path = out / 'ckpt.pt'
+    good = path.read_bytes()
+    with pytest.raises(train.CheckpointError, match=r"already exists.*--init_from=resume"):
+        run(data_root, out, max_iters=1)
+    with pytest.raises(ConfigError, match=r"cannot be resumed with n_embd=64 \(the checkpoint has 32\), "
+                                          r"pos='alibi' \(the checkpoint has 'kerple'\)"):
+        run(data_root, out, max_iters=3, init_from='resume', pos='alibi', n_embd=64)
+    assert path.read_bytes() == good
+    # options left at their defaults take the checkpoint's; dropout may be set anew
+    not_model = {k: v for k, v in TINY.items() if k not in ('n_layer', 'n_head', 'n_embd', 'block_size')}
+    res = train.train(not_model, dataset='tiny', data_root=data_root, out_dir=str(out), max_iters=3,
+                      init_from='resume', dropout=0.2)
+    assert res['iter_num'] == 3 and res['model'].config.dropout == 0.2
+    assert torch.load(str(path), weights_only=True)['config']['dropout'] == 0.2
+    good = path.read_bytes()
+    for bad in (good[:len(good) // 2], b'not a checkpoint'):
+        path.write_bytes(bad)
+        with pytest.raises(train.CheckpointError, match=r"ckpt\.pt is not a readable checkpoint"):
+            run(data_root, out, max_iters=4, init_from='resume')
+        assert path.read_bytes() == bad
+    torch.save({'model': {}}, str(path))
+    with pytest.raises(train.CheckpointError, match=r"not a train.py checkpoint that can be resumed: it lacks \['optimizer'"):
+        run(data_root, out, max_iters=4, init_from='resume')
+
+
+@pytest.mark.parametrize('option, message', [
+    (dict(gradient_accumulation_steps=0), "gradient_accumulation_steps must be >= 1, got 0"),
+    (dict(eval_iters=0), "eval_iters must be >= 1"),
+    (dict(eval_interval=0), "eval_interval must be >= 1"),
+    (dict(batch_size=0), "batch_size must be >= 1"),
+    (dict(learning_rate=0.0), "learning_rate must be > 0"),
+    (dict(init_from='continue'), "init_from must be one of scratch, resume; got 'continue'"),
+    (dict(dtype='float64'), "dtype must be one of auto, float32, bfloat16, float16"),
+    (dict(device='tpu'), "device must be auto, cpu, cuda or cuda:N"),
+    (dict(pos='rotary'), "unknown pos='rotary'"),
+    (dict(dape='v2', dape_kernel=4), "dape_kernel must be odd"),
+])
+def test_bad_options_fail_before_anything_runs(tmp_path, option, message):
+    """No data is needed to reject them (the dataset here does not exist); main() prints one line and
+    exits with 2, like the configurator's own errors."""
+    with pytest.raises(ConfigError, match=message.replace('(', r'\(')):
+        train.train(TINY, dataset='missing', data_root=str(tmp_path), out_dir=str(tmp_path / 'o'), **option)
+    if set(option) not in ({'eval_iters'}, {'pos'}):  # the command line: two cases are enough
+        return
+    args = [f'--{k}={v}' for k, v in option.items()] + ['--dataset=missing', f'--data_root={tmp_path}']
+    p = subprocess.run([sys.executable, 'train.py'] + args, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stderr.startswith('config error:') and len(p.stderr.splitlines()) == 1, p.stderr
+    assert not os.path.exists(tmp_path / 'o')
+
+
 def test_config_files_are_valid():
     files = [f for f in glob.glob(os.path.join(ROOT, 'config', '*.py'))
              if not os.path.basename(f).startswith('che_')]
