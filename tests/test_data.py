@@ -233,16 +233,18 @@ def test_interrupted_prepare_leaves_nothing_trusted(tmp_path, monkeypatch, capsy
         mod.main(args)
     assert os.listdir(out) == []
 
-    # a complete dataset, then a --force re-run interrupted mid-write: the old .bin files are intact,
-    # meta.json is gone, so the next run does not trust the folder and prepares it again
+    # a complete dataset, then a --force re-run interrupted mid-write: the old dataset is untouched,
+    # meta.json included, and still trusted; no temporary file is left
     monkeypatch.setattr(pc.BinWriter, 'write', real_write)
     mod.main(args)
-    old_train = open(out / 'train.bin', 'rb').read()
+    old_files = {f: open(out / f, 'rb').read() for f in os.listdir(out)}
     monkeypatch.setattr(pc.BinWriter, 'write', write_then_die)
     with pytest.raises(KeyboardInterrupt):
         mod.main(args + ['--force'])
-    assert sorted(os.listdir(out)) == ['train.bin', 'val.bin']
-    assert open(out / 'train.bin', 'rb').read() == old_train
+    assert {f: open(out / f, 'rb').read() for f in os.listdir(out)} == old_files
+    capsys.readouterr()
+    mod.main(args)
+    assert 'already prepared' in capsys.readouterr().out
 
     # interrupted between the two renames: train.bin is new, meta.json absent -> not trusted
     monkeypatch.setattr(pc.BinWriter, 'write', real_write)
@@ -269,6 +271,24 @@ def test_interrupted_prepare_leaves_nothing_trusted(tmp_path, monkeypatch, capsy
     assert 'already prepared' not in capsys.readouterr().out
     meta, val = read_split(out, 'val')
     assert len(val) == meta['val_tokens'] > 10
+
+
+def test_failed_reprepare_keeps_the_good_dataset(tmp_path):
+    # the reviewer's case: a good dataset, then prepare.py --src <one .txt> into the same folder fails
+    # (one book cannot be split into train and val) and must leave the good dataset loadable
+    import train
+    make_books(str(tmp_path / 'src'))
+    out = tmp_path / 'out'
+    mod = load_script('gutenberg_char')
+    mod.main(['--src', str(tmp_path / 'src'), '--out_dir', str(out), '--val_books', 'gamma'])
+    old_files = {f: open(out / f, 'rb').read() for f in os.listdir(out)}
+    (tmp_path / 'one').mkdir()
+    shutil.copy(tmp_path / 'src' / 'alpha.txt', tmp_path / 'one' / 'alpha.txt')
+    with pytest.raises(ValueError, match="val.bin would be empty.*left as it was"):
+        mod.main(['--src', str(tmp_path / 'one'), '--out_dir', str(out)])
+    assert {f: open(out / f, 'rb').read() for f in os.listdir(out)} == old_files  # no temporary file either
+    meta, _ = train.load_dataset(str(out), 'out')
+    assert meta['val_documents'] == ['gamma']
 
 
 # ----------------------------------------------------------------------------------------------------
