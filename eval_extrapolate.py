@@ -20,9 +20,12 @@ Protocol (paper §4 "Datasets" and Appendix, "the last 256 tokens"; specs/positi
 - Perplexity = exp(mean cross-entropy over all scored tokens); for byte data also bits per byte
   (mean cross-entropy / ln 2). A length the validation split cannot hold is reported as 'too long';
   a length a `learned` model cannot encode as 'n/a: learned'. Nothing is silently NaN.
-- Checkpoints that differ only by their seed form a group: mean ± std (sample std, ddof=1) per length,
-  and for every DAPE-X group whose plain X group is also present, Welch's two-sided t-test p-value per
-  length (Table 5).
+- Checkpoints that differ only by their seed form a group: same model options and same training
+  config (learning rate, steps, batch, dropout, dataset, ...; settings that do not change what is
+  trained, like out_dir or eval_interval, may differ). A group gets mean ± std (sample std, ddof=1) per
+  length, and for every DAPE-X group whose plain X group (trained alike) is also present, Welch's
+  two-sided t-test p-value per length (Table 5).
+- The data must be in the tokenizer the model was trained with; a mismatch is an error.
 
 Outputs (`out_dir`, default results/): results.json (everything, including per-window losses),
 results.md, results.csv and ppl_vs_length.png (Figure 2 for your runs). `--timing` writes timing.json
@@ -133,8 +136,22 @@ def parse_ints(text, key):
 
 
 def pick_device(name):
+    """--device as a torch device name. A device this machine lacks is an error here, before any
+    checkpoint is read: torch.load onto a missing GPU fails with a message that blames the file."""
     if name == 'auto':
         return 'cuda' if torch.cuda.is_available() else 'cpu'
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise EvalError(f"--device={name} is not a device: use auto, cpu, cuda or cuda:N") from None
+    if dev.type == 'cuda' and not torch.cuda.is_available():
+        raise EvalError(f"--device={name}: no CUDA device available (torch.cuda.is_available() is False); "
+                        f"use --device=cpu")
+    if dev.type == 'cuda' and (dev.index or 0) >= torch.cuda.device_count():
+        raise EvalError(f"--device={name}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                        f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    if dev.type == 'mps' and not torch.backends.mps.is_available():
+        raise EvalError(f"--device={name}: no MPS device available; use --device=cpu")
     return name
 
 
@@ -154,25 +171,66 @@ def autocast_context(device_name, dtype_name):
 # checkpoints and their data
 
 
-def resolve_data_dir(ckpt, override=''):
-    """The validation data of a checkpoint: --data_dir, else train.py's data_root/dataset."""
-    if override:
-        candidates = [override]
-    else:
-        cfg = ckpt.get('config') or {}
-        name = ckpt.get('dataset') or cfg.get('dataset')
-        candidates = [d for d in (cfg.get('data_dir'), name and os.path.join(cfg.get('data_root') or 'data', name),
-                                  name and os.path.join('data', name)) if d]
-        candidates = list(dict.fromkeys(candidates))
-        if not candidates:
-            raise EvalError("the checkpoint does not say which dataset it was trained on; pass --data_dir=data/<name>")
+def training_data_dirs(ckpt):
+    """Where the checkpoint's training data may be, from train.py's config: data_root/dataset."""
+    cfg = ckpt.get('config') or {}
+    name = ckpt.get('dataset') or cfg.get('dataset')
+    candidates = [d for d in (cfg.get('data_dir'), name and os.path.join(cfg.get('data_root') or 'data', name),
+                              name and os.path.join('data', name)) if d]
+    return list(dict.fromkeys(candidates))
+
+
+def find_data_dir(candidates, filename):
     for d in candidates:
         for base in ('', ROOT):  # relative to the working directory, then to the repository
             path = os.path.join(base, d)
-            if os.path.isfile(os.path.join(path, 'val.bin')):
+            if os.path.isfile(os.path.join(path, filename)):
                 return path
-    raise EvalError(f"validation data not found: no val.bin in {' or '.join(candidates)}; prepare the dataset "
-                    f"(python data/<name>/prepare.py) or pass --data_dir=")
+    return None
+
+
+def resolve_data_dir(ckpt, override=''):
+    """The validation data of a checkpoint: --data_dir, else train.py's data_root/dataset."""
+    candidates = [override] if override else training_data_dirs(ckpt)
+    if not candidates:
+        raise EvalError("the checkpoint does not say which dataset it was trained on; pass --data_dir=data/<name>")
+    path = find_data_dir(candidates, 'val.bin')
+    if path is None:
+        raise EvalError(f"validation data not found: no val.bin in {' or '.join(candidates)}; prepare the dataset "
+                        f"(python data/<name>/prepare.py) or pass --data_dir=")
+    return path
+
+
+def training_tokenizer(ckpt, vocab_size):
+    """(tokenizer, how we know) for the data a checkpoint was trained on: its dataset's meta.json when
+    that is on this machine, else the vocabulary as sample.py reads it (256: bytes, >= 50257: GPT-2
+    BPE, whose size train.py only pads upwards); (None, '') when neither tells."""
+    from tokenizer import GPT2_VOCAB_SIZE, load_meta
+    path = find_data_dir(training_data_dirs(ckpt), 'meta.json')
+    if path is not None:
+        try:
+            return load_meta(path)['tokenizer'], f"{os.path.join(path, 'meta.json')} says so"
+        except ValueError:
+            pass  # an unreadable meta.json: fall back to the vocabulary
+    if vocab_size == 256:
+        return 'byte', 'its vocab_size is 256'
+    if vocab_size >= GPT2_VOCAB_SIZE:
+        return 'gpt2', f"its vocab_size {vocab_size} is GPT-2's {GPT2_VOCAB_SIZE} or more"
+    return None, ''
+
+
+def check_data_fits(run, meta):
+    """Refuse data the model cannot read: token ids past its vocabulary, or another tokenizer than the
+    one it was trained with (which runs, but scores a meaningless perplexity)."""
+    vocab = run['model_args']['vocab_size']
+    if meta['vocab_size'] > vocab:
+        raise EvalError(f"{run['label']}: the data's vocabulary ({meta['vocab_size']}, {meta['tokenizer']}) is "
+                        f"larger than the model's ({vocab}): wrong dataset? pass --data_dir=")
+    tok, how = run['tokenizer'], run['tokenizer_from']
+    if tok is not None and tok != meta['tokenizer']:
+        raise EvalError(f"{run['label']} ({run['path']}) was trained on '{tok}' tokens ({how}), but {run['data_dir']} "
+                        f"holds '{meta['tokenizer']}' tokens: its perplexity there would be meaningless; pass "
+                        f"--data_dir= with a '{tok}' dataset, or leave it out to use the training data")
 
 
 def load_val(path):
@@ -185,7 +243,8 @@ def load_val(path):
 def load_run(path, dev):
     from model import load_checkpoint
     try:
-        model, ckpt = load_checkpoint(path, dev)
+        # read onto the CPU, then move: a device problem is then never reported as a bad file
+        model, ckpt = load_checkpoint(path, 'cpu')
     except FileNotFoundError as e:
         raise EvalError(str(e)) from e
     except (ValueError, TypeError) as e:  # unreadable file, or model_args this model.py rejects
@@ -193,7 +252,7 @@ def load_run(path, dev):
     if not model.config.causal:
         raise EvalError(f"{path} holds a bidirectional model (causal=False, a CHE encoder?): perplexity needs "
                         f"a causal language model; evaluate it with che_tasks.py")
-    model.eval()
+    model.to(dev).eval()
     return model, ckpt
 
 
@@ -262,10 +321,6 @@ def score_windows(model, x, y, K, batch, dev, ctx, progress=None):
 
 def evaluate_run(model, data, meta, ends, eval_lengths, K, cfg, dev, ctx, name=''):
     """{L: result dict} for one model. A result has status 'ok' and loss/ppl/bpb/..., or a reason."""
-    vocab = model.config.vocab_size
-    if meta['vocab_size'] > vocab:
-        raise EvalError(f"{name}: the data's vocabulary ({meta['vocab_size']}, {meta['tokenizer']}) is larger "
-                        f"than the model's ({vocab}): wrong dataset? pass --data_dir=")
     out = {}
     for L in eval_lengths:
         why = length_unavailable(model, L, len(data))
@@ -304,12 +359,34 @@ def evaluate_run(model, data, meta, ends, eval_lengths, K, cfg, dev, ctx, name='
 # settings, labels, groups
 
 
-SEED_ONLY = ('dropout', 'attn_chunk')  # model_args that do not change the function being evaluated
+# model_args that do not change the function a checkpoint computes (the size of attention's query blocks)
+SAME_FUNCTION = ('attn_chunk',)
+# train.py config keys that do not change what is trained: where runs read and write, how often they
+# log, evaluate and save, on what hardware and how fast; and the seed, which is what a group varies
+# over. Every other key tells two runs apart, also keys train.py gains later: averaging over a new
+# training option by mistake is worse than one group too many. The model's own options come from
+# model_args (a resumed run keeps the checkpoint's, whatever its config says), so they are left out.
+NOT_TRAINING = ('seed', 'out_dir', 'data_root', 'eval_interval', 'log_interval', 'eval_iters', 'eval_only',
+                'always_save_checkpoint', 'init_from', 'wandb_log', 'wandb_project', 'wandb_run_name',
+                'device', 'backend', 'fsdp', 'compile', 'peak_flops')
 DAPE_KEYS = ('dape', 'dape_variant', 'dape_width', 'dape_kernel')
 
 
-def setting_of(model_args):
-    return {k: v for k, v in model_args.items() if k not in SEED_ONLY}
+def training_setting(ckpt):
+    """The training options of a checkpoint that change what is trained (lr, steps, batch, data, ...),
+    or None for a checkpoint saved without its config."""
+    from model import GPTConfig
+    conf = ckpt.get('config')
+    if not conf:
+        return None
+    model_keys = {f.name for f in dataclasses.fields(GPTConfig)} | set(ckpt.get('model_args') or {})
+    return {k: v for k, v in conf.items() if k not in NOT_TRAINING and k not in model_keys}
+
+
+def setting_of(run):
+    """All that makes a run (or group) what it is, but its seed: the model, its training, the data."""
+    return {'model': {k: v for k, v in run['model_args'].items() if k not in SAME_FUNCTION},
+            'training': run.get('training'), 'data_dir': run['data_dir']}
 
 
 def base_label(a):
@@ -327,28 +404,50 @@ def base_label(a):
     return name
 
 
+def differing_fields(dicts):
+    return sorted({f for d in dicts for f in d if any(o.get(f, 'n/a') != d[f] for o in dicts)})
+
+
+def distinguishing(settings):
+    """For settings that share a base label: per setting, the 'field=value's that tell it from the
+    others. Training fields are compared among the runs that saved their config; the others say so."""
+    model_fields = differing_fields([s['model'] for s in settings])
+    with_config = [s['training'] for s in settings if s['training'] is not None]
+    train_fields = differing_fields(with_config)
+    several_data = len({s['data_dir'] for s in settings}) > 1
+    out = []
+    for s in settings:
+        extra = [f"{f}={s['model'].get(f, 'n/a')}" for f in model_fields]
+        if s['training'] is None:
+            extra += ['no config'] if with_config else []
+        else:
+            extra += [f"{f}={s['training'].get(f, 'n/a')}" for f in train_fields]
+        if several_data:
+            extra.append(os.path.basename(os.path.normpath(s['data_dir'])))
+        out.append(extra)
+    return out
+
+
 def auto_labels(runs):
-    """One label per distinct (setting, data): the base label, then the training length when runs of
-    several lengths are mixed, then whatever else still tells two settings apart."""
-    keys = [json.dumps([setting_of(r['model_args']), r['data_dir']], sort_keys=True) for r in runs]
-    settings = {}
-    for r, key in zip(runs, keys):
-        settings.setdefault(key, (setting_of(r['model_args']), r['data_dir']))
-    names = {key: base_label(s) for key, (s, _) in settings.items()}
-    if len({s['block_size'] for s, _ in settings.values()}) > 1:
-        names = {key: f"{names[key]}@{settings[key][0]['block_size']}" for key in names}
+    """One label per distinct setting (setting_of): the base label, then the training length when runs
+    of several lengths are mixed, then whatever else still tells two settings apart. Runs get the
+    same label only when they differ by their seed alone, as group_runs groups by label."""
+    keys = [json.dumps(setting_of(r), sort_keys=True) for r in runs]
+    settings = {key: json.loads(key) for key in keys}  # tuples and lists alike, as in the key
+    names = {key: base_label(s['model']) for key, s in settings.items()}
+    if len({s['model']['block_size'] for s in settings.values()}) > 1:
+        names = {key: f"{names[key]}@{settings[key]['model']['block_size']}" for key in names}
     for name in set(names.values()):
         same = [key for key in names if names[key] == name]
         if len(same) < 2:
             continue
-        fields = sorted({f for key in same for f, v in settings[key][0].items()
-                         if any(settings[o][0].get(f) != v for o in same)})
-        for key in same:
-            s, d = settings[key]
-            extra = [f"{f}={s.get(f)}" for f in fields]
-            if len({settings[o][1] for o in same}) > 1:
-                extra.append(os.path.basename(os.path.normpath(d)))
-            names[key] = f"{name}[{','.join(extra)}]"
+        for key, extra in zip(same, distinguishing([settings[key] for key in same])):
+            names[key] = f"{name}[{','.join(extra)}]" if extra else name
+    # should two settings still share a label (data dirs of the same name elsewhere), number them
+    for name in set(names.values()):
+        same = [key for key in names if names[key] == name]
+        for i, key in enumerate(same[1:], 2):
+            names[key] = f"{name}#{i}"
     return [names[k] for k in keys]
 
 
@@ -367,8 +466,8 @@ def group_runs(runs, eval_lengths):
     for label, members in groups.items():
         g = {'label': label, 'runs': [m['path'] for m in members], 'n': len(members),
              'seeds': [m['seed'] for m in members], 'model_args': members[0]['model_args'],
-             'data_dir': members[0]['data_dir'], 'block_size': members[0]['model_args']['block_size'],
-             'ppl': {}, 'bpb': {}}
+             'training': members[0].get('training'), 'data_dir': members[0]['data_dir'],
+             'block_size': members[0]['model_args']['block_size'], 'ppl': {}, 'bpb': {}}
         for L in eval_lengths:
             ok = [m['results'][L] for m in members if m['results'][L]['status'] == 'ok']
             if not ok:
@@ -438,24 +537,52 @@ def welch_ttest(a, b):
 
 
 def plain_setting(g):
-    """A group's setting without its DAPE options: DAPE-X and X share it."""
-    return json.dumps([{k: v for k, v in setting_of(g['model_args']).items() if k not in DAPE_KEYS},
-                       g['data_dir']], sort_keys=True)
+    """A group's setting without its DAPE options: DAPE-X and X trained alike on the same data share it."""
+    s = setting_of(g)
+    s['model'] = {k: v for k, v in s['model'].items() if k not in DAPE_KEYS}
+    return json.dumps(s, sort_keys=True)
 
 
-def comparison_pairs(groups, explicit=''):
-    """(dape group, baseline group) pairs: the explicit 'a:b,...' list, or every DAPE-X group whose
-    setting minus the DAPE options equals that of a group without DAPE on the same data."""
+def split_pairs(text):
+    """--pairs 'a:b,c:d' as ['a:b', 'c:d'], keeping commas inside brackets (kerple[lr=1,dropout=0])."""
+    items, depth, cur = [], 0, ''
+    for ch in text:
+        depth += (ch == '[') - (ch == ']')
+        if ch == ',' and depth == 0:
+            items.append(cur)
+            cur = ''
+        else:
+            cur += ch
+    return [p.strip() for p in items + [cur] if p.strip()]
+
+
+def parse_pairs(text, labels):
+    """--pairs as [(dape label, baseline label)], checked against the runs' labels before anything is
+    evaluated. A label may hold ':' itself, so every ':' is tried as the separator."""
+    known = sorted(set(labels))
+    out = []
+    for pair in split_pairs(text):
+        splits = [(pair[:i], pair[i + 1:]) for i, ch in enumerate(pair) if ch == ':' and 0 < i < len(pair) - 1]
+        if not splits:
+            raise EvalError(f"--pairs: {pair!r} is not 'dape_label:baseline_label' (pairs are separated by ','); "
+                            f"the labels are {known}")
+        found = [(a, b) for a, b in splits if a in known and b in known]
+        if len(found) != 1:
+            missing = [x for x in splits[0] if x not in known]
+            raise EvalError(f"--pairs: {pair!r}: " + (f"no run is labelled {missing}" if missing else
+                            "ambiguous") + f"; the labels are {known} (see --labels to name runs yourself)")
+        if found[0][0] == found[0][1]:
+            raise EvalError(f"--pairs: {pair!r} compares {found[0][0]!r} with itself")
+        out += found
+    return out
+
+
+def comparison_pairs(groups, explicit=()):
+    """(dape group, baseline group) pairs: the explicit (label, label) list (parse_pairs), or every
+    DAPE-X group whose setting minus the DAPE options equals that of a group without DAPE."""
     by_label = {g['label']: g for g in groups}
     if explicit:
-        out = []
-        for pair in explicit.split(','):
-            a, _, b = pair.partition(':')
-            missing = [x for x in (a, b) if x not in by_label]
-            if missing or not b:
-                raise EvalError(f"--pairs: {pair!r} must be 'label:label' with labels among {sorted(by_label)}")
-            out.append((by_label[a], by_label[b]))
-        return out
+        return [(by_label[a], by_label[b]) for a, b in explicit]
 
     baselines = {plain_setting(g): g for g in groups if g['model_args'].get('dape', 'none') == 'none'}
     return [(g, baselines[plain_setting(g)]) for g in groups
@@ -750,14 +877,21 @@ def evaluate(cfg, ckpt_paths):
         name = os.path.basename(os.path.dirname(os.path.abspath(path)))
         if os.path.basename(path) != 'ckpt.pt':  # several checkpoints of one out_dir
             name += '/' + os.path.basename(path)
+        tok, tok_from = training_tokenizer(ckpt, model.config.vocab_size)
         runs.append({'path': path, 'name': name,
                      # the model's own config: checkpoints written before an option existed get its default
                      'data_dir': os.path.normpath(d), 'model_args': dataclasses.asdict(model.config),
+                     'training': training_setting(ckpt), 'tokenizer': tok, 'tokenizer_from': tok_from,
                      'seed': conf.get('seed'), 'iter_num': ckpt.get('iter_num'),
                      'best_val_loss': ckpt.get('best_val_loss')})
         del model
     for r, lab in zip(runs, user_labels or auto_labels(runs)):
         r['label'] = lab
+    pairs = parse_pairs(cfg['pairs'], [r['label'] for r in runs])
+    for lab in dict.fromkeys(r['label'] for r in runs):
+        iters = [r['iter_num'] for r in runs if r['label'] == lab]
+        if len(set(iters)) > 1:  # seeds of one training, but not all at its end (interrupted, or best val)
+            print(f"note: the runs of {lab} were saved at different iterations {iters}")
 
     if cfg['lengths']:
         eval_lengths = sorted(set(parse_ints(cfg['lengths'], 'lengths')))
@@ -771,6 +905,9 @@ def evaluate(cfg, ckpt_paths):
         if d in data_cache:
             continue
         data, meta = load_val(d)
+        for other in runs:  # before any evaluation, like every other check of the input
+            if other['data_dir'] == d:
+                check_data_fits(other, meta)
         fits = [L for L in eval_lengths + [cfg['max_length']] if L + 1 <= len(data)]
         if not fits:
             raise EvalError(f"{d}/val.bin holds {len(data)} tokens: too few for any of the lengths {eval_lengths}")
@@ -793,7 +930,7 @@ def evaluate(cfg, ckpt_paths):
         del model
 
     groups = group_runs(runs, eval_lengths)
-    comparisons = [compare(a, b, eval_lengths) for a, b in comparison_pairs(groups, cfg['pairs'])]
+    comparisons = [compare(a, b, eval_lengths) for a, b in comparison_pairs(groups, pairs)]
 
     print('\n' + protocol_text(protocol) + '\n\nperplexity\n' + group_table(groups, 'ppl', eval_lengths))
     if any(g['bpb'][L]['status'] == 'ok' for g in groups for L in eval_lengths):

@@ -32,17 +32,23 @@ def make_data(root, name='tiny', n=3000, tokenizer='byte', seed=0):
     return d
 
 
-def make_ckpt(root, run, seed=0, dataset='tiny', **kw):
-    """A checkpoint in train.py's format (random weights) at root/out/run/ckpt.pt."""
+def make_ckpt(root, run, seed=0, dataset='tiny', train=None, **kw):
+    """A checkpoint in train.py's format (random weights) at root/out/run/ckpt.pt. `train` updates its
+    training config; train=False saves none (checkpoints older than the config)."""
     torch.manual_seed(seed)
     args = dict(TINY, **kw)
     model = GPT(GPTConfig(**args))
     out = os.path.join(root, 'out', run)
     os.makedirs(out, exist_ok=True)
-    torch.save({'model': model.state_dict(), 'optimizer': {}, 'model_args': dataclasses.asdict(model.config),
-                'iter_num': 7, 'best_val_loss': 5.0, 'dataset': dataset,
-                'config': {'dataset': dataset, 'data_root': os.path.join(root, 'data'), 'seed': seed}},
-               os.path.join(out, 'ckpt.pt'))
+    ckpt = {'model': model.state_dict(), 'optimizer': {}, 'model_args': dataclasses.asdict(model.config),
+            'iter_num': 7, 'best_val_loss': 5.0, 'dataset': dataset,
+            'config': dict(args, dataset=dataset, data_root=os.path.join(root, 'data'), seed=seed, out_dir=out,
+                           learning_rate=6e-4, max_iters=100, batch_size=4)}
+    if train is False:
+        del ckpt['config']
+    else:
+        ckpt['config'].update(train or {})
+    torch.save(ckpt, os.path.join(out, 'ckpt.pt'))
     return out
 
 
@@ -197,6 +203,90 @@ def test_labels_override_and_user_errors(tmp_path):
         E.evaluate(cfg(lengths='32', data_dir=os.path.join(root, 'data', 'bpe'), out_dir=str(tmp_path / 'r')), [a])
     with pytest.raises(E.EvalError, match='lengths'):
         E.evaluate(cfg(lengths='32,abc'), [a])
+
+
+def test_only_seed_replicas_are_grouped(tmp_path):
+    root = str(tmp_path)
+    make_data(root)
+    # differ by seed and by what does not change the training or the function (out_dir, logging, attn_chunk)
+    make_ckpt(root, 's1', 1, pos='kerple')
+    make_ckpt(root, 's2', 2, pos='kerple', attn_chunk=8, train=dict(eval_interval=5, log_interval=1, compile=True))
+    make_ckpt(root, 'lr', 1, pos='kerple', train=dict(learning_rate=3e-3))
+    make_ckpt(root, 'dape_lr', 1, pos='kerple', dape='v1', train=dict(learning_rate=3e-3))
+    res = E.evaluate(cfg(out_dir=str(tmp_path / 'r'), lengths='16'), [os.path.join(root, 'out')])
+    groups = {g['label']: g for g in res['groups']}
+    assert set(groups) == {'kerple[learning_rate=0.0006]', 'kerple[learning_rate=0.003]', 'dape-kerple'}
+    assert groups['kerple[learning_rate=0.0006]']['seeds'] == [1, 2]
+    assert groups['kerple[learning_rate=0.003]']['n'] == 1
+    # DAPE-X is compared with the X trained alike only
+    assert [(c['label'], c['baseline']) for c in res['comparisons']] == [('dape-kerple', 'kerple[learning_rate=0.003]')]
+
+    # dropout, the number of steps, the batch or the dataset each make another setting
+    base = {'model_args': dataclasses.asdict(GPTConfig(**TINY)), 'data_dir': 'd', 'training': {'learning_rate': 1e-3}}
+    for other, label in ((dict(base, model_args=dict(base['model_args'], dropout=0.1)), 'kerple[dropout=0.1]'),
+                         (dict(base, training={'learning_rate': 1e-3, 'max_iters': 10}), 'kerple[max_iters=10]'),
+                         (dict(base, training={'learning_rate': 1e-3, 'batch_size': 8}), 'kerple[batch_size=8]'),
+                         (dict(base, training={'learning_rate': 1e-3, 'dataset': 'x'}), 'kerple[dataset=x]'),
+                         (dict(base, training=None), 'kerple[no config]')):
+        assert E.auto_labels([base, other])[1] == label
+    assert E.training_setting({'config': {'seed': 3, 'out_dir': 'o', 'eval_interval': 9, 'learning_rate': 1.0,
+                                          'dropout': 0.1}, 'model_args': {'dropout': 0.1}}) == {'learning_rate': 1.0}
+
+    # old checkpoints without a config still group by seed
+    make_data(root, name='old')
+    old = [make_ckpt(root, f'old{i}', i, dataset='absent', train=False) for i in (1, 2)]
+    res = E.evaluate(cfg(out_dir=str(tmp_path / 'r'), lengths='16', data_dir=os.path.join(root, 'data', 'old')), old)
+    assert [(g['label'], g['n']) for g in res['groups']] == [('kerple', 2)]
+
+
+def test_pairs_checked_before_evaluation(tmp_path, monkeypatch):
+    root = str(tmp_path)
+    make_data(root)
+    runs = [make_ckpt(root, 'k', 1, pos='kerple'), make_ckpt(root, 'dk', 1, pos='kerple', dape='v1')]
+
+    def no_evaluation(*a, **k):
+        raise AssertionError('evaluated before --pairs was checked')
+    with monkeypatch.context() as m:
+        m.setattr(E, 'evaluate_run', no_evaluation)
+        for bad, msg in (('x:y', "no run is labelled \\['x', 'y'\\]"), ('dape-kerple', 'not'),
+                         ('dape-kerple:', 'not'), ('kerple:kerple', 'itself')):
+            with pytest.raises(E.EvalError, match=msg):
+                E.evaluate(cfg(lengths='16', pairs=bad), runs)
+    assert E.split_pairs('a[x=1,y=2]:b, c:d,') == ['a[x=1,y=2]:b', 'c:d']
+    res = E.evaluate(cfg(out_dir=str(tmp_path / 'r'), lengths='16', pairs='kerple:dape-kerple'), runs)
+    assert [(c['label'], c['baseline']) for c in res['comparisons']] == [('kerple', 'dape-kerple')]
+
+
+def test_tokenizer_mismatch_refused(tmp_path):
+    root = str(tmp_path)
+    make_data(root, name='chars')
+    make_data(root, name='bpe', tokenizer='gpt2')
+    byte_data, bpe_data = os.path.join(root, 'data', 'chars'), os.path.join(root, 'data', 'bpe')
+    bpe = make_ckpt(root, 'bpe', dataset='bpe', vocab_size=50304)
+    lost = make_ckpt(root, 'lost', dataset='absent', vocab_size=50304)  # its training data is not here
+    byte = make_ckpt(root, 'byte', dataset='chars')
+    with pytest.raises(E.EvalError, match=r"trained on 'gpt2' tokens \(.*bpe/meta.json says so\).*'byte'"):
+        E.evaluate(cfg(lengths='16', data_dir=byte_data), [bpe])
+    with pytest.raises(E.EvalError, match=r"trained on 'gpt2' tokens \(its vocab_size 50304"):
+        E.evaluate(cfg(lengths='16', data_dir=byte_data), [lost])
+    with pytest.raises(E.EvalError, match='vocabulary'):  # the other way round: ids past the model's vocabulary
+        E.evaluate(cfg(lengths='16', data_dir=bpe_data), [byte])
+    # each on its own tokenizer's data is fine
+    res = E.evaluate(cfg(out_dir=str(tmp_path / 'r'), lengths='16', data_dir=bpe_data), [lost])
+    assert res['runs'][0]['tokenizer'] == 'gpt2' and res['runs'][0]['results'][16]['status'] == 'ok'
+
+
+def test_missing_gpu_is_reported_as_such(tmp_path, monkeypatch):
+    root = str(tmp_path)
+    make_data(root)
+    a = make_ckpt(root, 'a', 1)
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    for dev in ('cuda', 'cuda:1'):
+        with pytest.raises(E.EvalError, match='no CUDA device available.*--device=cpu'):
+            E.evaluate(cfg(lengths='16', device=dev), [a])
+    with pytest.raises(E.EvalError, match='not a device'):
+        E.evaluate(cfg(lengths='16', device='gpu'), [a])
+    assert E.pick_device('auto') == 'cpu'
 
 
 def test_cli_positional_checkpoints_and_error_exit(tmp_path):
