@@ -6,11 +6,13 @@ Sample from a trained model (nanoGPT's sample.py for these checkpoints).
     python sample.py out/dape_kerple --start=FILE:prompt.txt --num_samples=1 --temperature=0.7 --top_k=50
 
 The tokenizer (bytes or GPT-2 BPE) comes from the dataset's meta.json, found through the checkpoint's
-training config (or --data_dir=); without it, it is inferred from the vocabulary size. Generation
+training config (or --data_dir=); without it, it is inferred from the vocabulary size. A dataset whose
+tokenizer does not fit the model's vocabulary is an error, as are options out of range. Generation
 goes through the model's KV cache one token at a time and is not cropped to the training length:
 every encoding except `learned` keeps going past it, which is the point of these models.
 """
 
+import math
 import os
 import sys
 
@@ -32,22 +34,68 @@ compile = False          # torch.compile the model
 config_keys = [k for k in globals() if k not in _names_before_config and not k.startswith('_')]
 
 
+def tokenizer_name_for_vocab(vocab):
+    """The tokenizer a vocabulary size implies: 256 -> bytes, >= 50257 -> GPT-2 BPE (nanoGPT pads it to
+    50304); None for other sizes (e.g. a byte model whose embedding train.py padded)."""
+    return 'byte' if vocab == 256 else 'gpt2' if vocab >= 50257 else None
+
+
 def tokenizer_for(ckpt, model, data_dir_override=''):
     """The dataset's tokenizer (meta.json), or one inferred from the vocabulary when the dataset is
-    not on this machine: 256 -> bytes, >= 50257 -> GPT-2 BPE."""
+    not on this machine: 256 -> bytes, >= 50257 -> GPT-2 BPE. A dataset whose tokenizer cannot be the
+    model's is an error: its ids would be fed to, or sampled from, the wrong embedding rows."""
     from eval_extrapolate import EvalError, resolve_data_dir
     from tokenizer import get_tokenizer, load_meta
+    vocab = model.config.vocab_size
     try:
-        return get_tokenizer(load_meta(resolve_data_dir(ckpt, data_dir_override)))
+        data_dir = resolve_data_dir(ckpt, data_dir_override)
+        tok = get_tokenizer(load_meta(data_dir))
     except (EvalError, FileNotFoundError) as e:
         if data_dir_override:
-            raise
-        vocab = model.config.vocab_size
-        name = 'byte' if vocab == 256 else 'gpt2' if vocab >= 50257 else None
+            raise EvalError(str(e)) from e
+        name = tokenizer_name_for_vocab(vocab)
         if name is None:
             raise EvalError(f"cannot tell the tokenizer: {e}; pass --data_dir=data/<name>") from e
         print(f"({e}; using the '{name}' tokenizer for vocab_size {vocab})", file=sys.stderr)
         return get_tokenizer(name)
+    except ValueError as e:  # a meta.json that is not JSON, lacks keys, or names an unknown tokenizer
+        raise EvalError(f"cannot read the tokenizer from {data_dir}/meta.json: {e}") from e
+    # the checkpoint does not name its tokenizer, but its vocabulary (the dataset's, or that padded up)
+    # must hold the tokenizer's and, for the sizes that imply one, be that tokenizer's
+    implied = tokenizer_name_for_vocab(vocab)
+    if vocab < tok.vocab_size or implied not in (None, tok.name):
+        trained_on = ckpt.get('dataset') or (ckpt.get('config') or {}).get('dataset')
+        raise EvalError(
+            f"the model's vocabulary ({vocab}"
+            + (f", the '{implied}' tokenizer's" if implied else '')
+            + f") does not match the '{tok.name}' tokenizer (vocab {tok.vocab_size}) of {data_dir}/meta.json: "
+            + "pass --data_dir=data/<name> of the dataset the model was trained on"
+            + (f" (the checkpoint says '{trained_on}')" if trained_on else ''))
+    return tok
+
+
+def decode(tok, ids):
+    """Text of ids. A model whose embedding is padded past the tokenizer's vocabulary (train.py's
+    vocab_size=) can still sample a padding id, never seen in training: it is dropped, with a note."""
+    bad = [i for i in ids if i >= tok.vocab_size]
+    if bad:
+        print(f"({len(bad)} sampled ids beyond the '{tok.name}' tokenizer's vocabulary of {tok.vocab_size} "
+              f"(embedding padding) left out)", file=sys.stderr)
+    return tok.decode([i for i in ids if i < tok.vocab_size])  # bytes: invalid utf-8 shows as U+FFFD
+
+
+def check_options(cfg):
+    """Options that would fail late or be silently misread fail here, before the checkpoint is loaded."""
+    from eval_extrapolate import EvalError
+    t = cfg['temperature']
+    if not (math.isfinite(t) and t >= 0):
+        raise EvalError(f"--temperature must be >= 0 (0: greedy), got {t}")
+    if cfg['top_k'] < 0:
+        raise EvalError(f"--top_k must be >= 1, or 0 for no cut, got {cfg['top_k']}")
+    if cfg['num_samples'] < 1:
+        raise EvalError(f"--num_samples must be >= 1, got {cfg['num_samples']}")
+    if cfg['max_new_tokens'] < 0:
+        raise EvalError(f"--max_new_tokens must be >= 0, got {cfg['max_new_tokens']}")
 
 
 def read_prompt(text):
@@ -64,7 +112,8 @@ def read_prompt(text):
 def sample(cfg, path):
     """Print and return cfg['num_samples'] continuations of the prompt."""
     from eval_extrapolate import EvalError, autocast_context, load_run, pick_device
-    dev = pick_device(cfg['device'])
+    check_options(cfg)
+    dev = pick_device(cfg['device'])  # a device this machine lacks is an error here, not a "bad checkpoint"
     torch.manual_seed(cfg['seed'])
     if 'cuda' in dev:
         torch.cuda.manual_seed(cfg['seed'])
@@ -90,7 +139,7 @@ def sample(cfg, path):
         for _ in range(cfg['num_samples']):
             y = model.generate(x, cfg['max_new_tokens'], temperature=cfg['temperature'],
                                top_k=cfg['top_k'] or None)
-            text = tok.decode(y[0].tolist())  # byte tokenizer: invalid utf-8 shows as U+FFFD
+            text = decode(tok, y[0].tolist())
             samples.append(text)
             print(text)
             print('---------------')

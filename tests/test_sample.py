@@ -108,3 +108,71 @@ def test_cli(tmp_path):
     p = subprocess.run([sys.executable, os.path.join(ROOT, 'sample.py'), f'--out_dir={tmp_path / "none"}'],
                        capture_output=True, text=True, env=env, cwd=root)
     assert p.returncode == 2 and 'no checkpoint' in p.stderr and 'Traceback' not in p.stderr
+
+
+def test_tokenizer_must_fit_the_model(tmp_path, capsys):
+    root = str(tmp_path)
+    make_data(root, 'chars', 'byte')
+    make_data(root, 'bpe', 'gpt2')
+    bpe_ck = make_ckpt(root, 'bpe', 'bpe', vocab_size=50304, n_embd=8, dape='none')
+    # a BPE model pointed at a byte dataset: an error before generating, not a failed byte decode
+    with pytest.raises(EvalError, match=r"vocabulary \(50304, the 'gpt2' tokenizer's\) does not match the 'byte'.*"
+                                        r"--data_dir=.*the checkpoint says 'bpe'"):
+        S.sample(cfg(data_dir=os.path.join(root, 'data', 'chars')), bpe_ck)
+    # the same through the checkpoint's own dataset, re-prepared with the other tokenizer
+    make_data(root, 'bpe', 'byte')
+    with pytest.raises(EvalError, match="does not match the 'byte' tokenizer"):
+        S.sample(cfg(), bpe_ck)
+    # a byte model whose embedding train.py padded (vocab_size=300) still samples; padding ids sampled
+    # by its random weights are left out of the text, with a note
+    ck = make_ckpt(root, 'padded', 'chars', vocab_size=300)
+    out = S.sample(cfg(start='abc', num_samples=1, max_new_tokens=60, temperature=1.0, top_k=0), ck)
+    assert out[0].startswith('abc')
+    assert 'embedding padding' in capsys.readouterr().err
+    # a damaged meta.json is a one-line error too
+    with open(os.path.join(root, 'data', 'chars', 'meta.json'), 'w') as f:
+        f.write('{')
+    with pytest.raises(EvalError, match='cannot read the tokenizer'):
+        S.sample(cfg(), ck)
+
+
+@pytest.mark.parametrize('key, value, message', [
+    ('temperature', -1.0, r'--temperature must be >= 0 \(0: greedy\), got -1.0'),
+    ('temperature', float('nan'), '--temperature must be >= 0'),
+    ('top_k', -1, '--top_k must be >= 1, or 0 for no cut, got -1'),
+    ('num_samples', 0, '--num_samples must be >= 1, got 0'),
+    ('max_new_tokens', -1, '--max_new_tokens must be >= 0, got -1'),
+])
+def test_options_out_of_range(tmp_path, key, value, message):
+    # checked before the checkpoint is read: none is needed
+    with pytest.raises(EvalError, match=message):
+        S.sample(cfg(**{key: value}), str(tmp_path / 'missing'))
+
+
+def test_zero_new_tokens_returns_the_prompt(tmp_path):
+    root = str(tmp_path)
+    make_data(root, 'chars', 'byte')
+    assert S.sample(cfg(start='abc', num_samples=1, max_new_tokens=0), make_ckpt(root, 'byte', 'chars')) == ['abc']
+
+
+def test_unavailable_device(tmp_path, monkeypatch):
+    root = str(tmp_path)
+    make_data(root, 'chars', 'byte')
+    ck = make_ckpt(root, 'byte', 'chars')
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)  # also on a machine with a GPU
+    for dev in ('cuda', 'cuda:1'):
+        with pytest.raises(EvalError, match=r"no CUDA device.*--device=cpu") as e:
+            S.sample(cfg(device=dev), ck)
+        assert 'checkpoint' not in str(e.value) and 'truncated' not in str(e.value)
+    with pytest.raises(EvalError, match="--device=gpu"):
+        S.sample(cfg(device='gpu'), ck)
+
+
+def test_cli_option_errors_are_one_line(tmp_path):
+    env = dict(os.environ, PYTHONPATH=ROOT, CUDA_VISIBLE_DEVICES='')
+    for arg, message in (('--temperature=-1', '--temperature must be >= 0'), ('--top_k=-5', '--top_k must be'),
+                         ('--device=cuda', 'no CUDA device')):
+        p = subprocess.run([sys.executable, os.path.join(ROOT, 'sample.py'), str(tmp_path), arg],
+                           capture_output=True, text=True, env=env, cwd=str(tmp_path))
+        assert p.returncode == 2 and p.stderr.startswith('sample.py: error: ') and message in p.stderr, p.stderr
+        assert p.stderr.count('\n') == 1  # one line, no traceback
