@@ -192,7 +192,8 @@ class SelfAttention(nn.Module):
             if future is not None:
                 bias = bias.masked_fill(future, float("-inf"))
             # as [1, H, Q, Tk]: given [H, Q, Tk], PyTorch 2.13's CPU kernel took 4x as long in evaluation
-            # at 8192 keys (and the demo model's whole forward 1.45x)
+            # at 8192 keys (and the demo model's whole forward 1.45x). Under autocast SDPA wants the mask
+            # in q's dtype: the float32 bias is rounded once, by 2^-8 of itself in bf16, as the logits are
             return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype)[None], dropout_p=dropout_p)
 
         # q is scaled rather than A: scaling the [B, H, Q, Tk] map costs a pass over it, and another in backward
