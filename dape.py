@@ -122,15 +122,17 @@ class _DAPE(nn.Module):
 
 
 def _finish(logits, future, out):
+    """logits: a fresh map of the caller's (the residual sum), masked in place."""
     if out != "logits" and future is not None:
-        logits = logits.masked_fill(future, float("-inf"))
+        logits = logits.masked_fill_(future, float("-inf"))
     return F.softmax(logits, dim=-1) if out == "probs" else logits
 
 
-def _mix(w, x):
-    """Apply w [D, C] to the channel axis of x [..., C, Tq, Tk] -> [..., D, Tq, Tk], as one matmul
-    with C as the contraction axis."""
-    return torch.matmul(w, x.flatten(-2)).unflatten(-1, x.shape[-2:])
+def _channel_mix(w, x):
+    """w [D, C] applied to the channel axis of flat maps x [B, C, N] (or [C, N]) -> [B, D, N]. As one
+    batched product written straight into its output: torch.matmul computes this one transposed and
+    then copies it, which holds two maps of the output's size at once."""
+    return w @ x if x.dim() == 2 else torch.bmm(w.expand(x.shape[0], -1, -1), x)
 
 
 class DAPEV1(_DAPE):
@@ -149,12 +151,14 @@ class DAPEV1(_DAPE):
         return fc1.weight[:, :, None], fc1.bias, fc2.weight[:, :, None], fc2.bias
 
     def f_whole(self, x, y, future, w1, b1, w2, b2):
-        C = x.shape[-3]
-        h = _mix(w1[:, :C, 0], x)
-        if y is not None:
-            h = h + _mix(w1[:, C:, 0], y)  # y without a batch axis broadcasts over it
-        h = F.leaky_relu(h + b1[:, None, None], SLOPE, inplace=True)  # in place: autograd keeps one copy
-        return _mix(w2[:, :, 0], h) + b2[:, None, None]
+        # the maps flat, [..., C, Tq Tk]: each layer is one matmul with the channels as contraction axis
+        C, pairs = x.shape[-3], x.shape[-2:]
+        h = _channel_mix(w1[:, :C, 0], x.flatten(-2))  # [B, D, Tq Tk]: 8x the logits at D = 32, H = 4
+        # b1 and y's half (computed once for the batch when y has no batch axis), then the activation, in
+        # place: one map of h's size is allocated, and kept for backward
+        h += b1[:, None] if y is None else _channel_mix(w1[:, C:, 0], y.flatten(-2)) + b1[:, None]
+        F.leaky_relu(h, SLOPE, inplace=True)
+        return (_channel_mix(w2[:, :, 0], h) + b2[:, None]).unflatten(-1, pairs)
 
 
 class DAPEV2(_DAPE):
@@ -180,10 +184,12 @@ class DAPEV2(_DAPE):
         zero_future = (lambda t: t.masked_fill(future, 0.0)) if future is not None else (lambda t: t)
         C = x.shape[-3]
         h = F.conv2d(zero_future(x), w1[:, :C, None], b1, padding=pad)
-        if y is not None:
+        if y is not None:  # in place, as in V1 (a conv's backward does not need its output)
             y = zero_future(y)
-            h = h + F.conv2d(y if y.dim() == 4 else y[None], w1[:, C:, None], padding=pad)
-        h = zero_future(F.leaky_relu(h, SLOPE))
+            h += F.conv2d(y if y.dim() == 4 else y[None], w1[:, C:, None], padding=pad)
+        if future is not None:  # zeroed before the activation (LeakyReLU(0) = 0), so both are in place
+            h.masked_fill_(future, 0.0)
+        F.leaky_relu(h, SLOPE, inplace=True)
         return F.conv2d(h, w2[:, :, None], b2, padding=pad)
 
 
