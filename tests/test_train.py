@@ -258,6 +258,8 @@ rank = int(os.environ['RANK'])
 torch.save({{k: v.detach().cpu().clone() for k, v in sd.items()}}, os.path.join(cfg['out_dir'], f'final{{rank}}.pt'))
 with open(os.path.join(cfg['out_dir'], f'losses{{rank}}.json'), 'w') as f:
     json.dump(res['losses'], f)
+# as train.main() does: exiting with the process group alive can abort in gloo's threads
+torch.distributed.destroy_process_group()
 """
 
 
