@@ -244,7 +244,7 @@ def test_config_files_are_valid():
 # --- two processes through torchrun (gloo on CPU) --------------------------------------------------
 
 RANK_SCRIPT = """
-import json, os, sys
+import gc, json, os, sys
 sys.path.insert(0, {root!r})
 import torch
 import train
@@ -258,7 +258,10 @@ rank = int(os.environ['RANK'])
 torch.save({{k: v.detach().cpu().clone() for k, v in sd.items()}}, os.path.join(cfg['out_dir'], f'final{{rank}}.pt'))
 with open(os.path.join(cfg['out_dir'], f'losses{{rank}}.json'), 'w') as f:
     json.dump(res['losses'], f)
-# as train.main() does: exiting with the process group alive can abort in gloo's threads
+# exiting with gloo's process group (or the FSDP model's tensors, which refer to it) still alive can
+# abort the process at interpreter teardown ("terminate called without an active exception")
+del res, sd
+gc.collect()
 torch.distributed.destroy_process_group()
 """
 
