@@ -576,8 +576,10 @@ def main(argv=None):
     except (NonFiniteLossError, CheckpointError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
     finally:
+        import gc
         import torch.distributed as dist
         if dist.is_initialized():
+            gc.collect()  # FSDP's sharded tensors refer to the group: freed first, or teardown can abort
             dist.destroy_process_group()
 
 
