@@ -17,7 +17,9 @@ For an encoding without a bias (nope, rope, learned, sinusoidal, cope) it is A +
 
 `future` is the causal mask [Tq, Tk] (True where key j is after query i) or None (bidirectional). f
 never sees -inf: the caller masks after f, or asks forward(..., mask_future=True) for the masked logits
-directly (what attention uses: then f is not computed where it would be masked). V2 zeroes the future
+directly (what attention uses: then f is skipped where the mask would hide it, or, on the CPU, at
+least for the keys masked for a whole block of rows; elsewhere the -inf added to finite logits hides
+it, so A and B must be finite in the future too, as they always are). V2 zeroes the future
 before each convolution, so a row's result is the same whatever number of future columns the map
 happens to have (prefix consistency).
 

@@ -146,7 +146,7 @@ def plot_rows(terms, names, qpos, T, block_size, title, path):
         for c, t in enumerate(cols):
             ax = axes[h, c]
             ax.plot(keys, terms[t][h, 0, :qpos + 1].numpy(), linewidth=0.6, color=f"C{c}")
-            if qpos + 1 > block_size:  # keys farther than the training length lie left of this line
+            if qpos + 1 > block_size:  # left of this line: distances >= block_size, never seen in training
                 ax.axvline(qpos - block_size + 1, color='grey', linestyle=':', linewidth=1)
             ax.grid(True, alpha=0.3)
             ax.tick_params(labelsize=7)
@@ -156,7 +156,8 @@ def plot_rows(terms, names, qpos, T, block_size, title, path):
                 ax.set_ylabel(f"head {h}", fontsize=9)
             if h == H - 1:
                 ax.set_xlabel('key position j', fontsize=8)
-    fig.suptitle(title + (f"\n(dotted: keys more than the training length {block_size} before the query)"
+    fig.suptitle(title + (f"\n(left of the dotted line: keys at distances >= the training length {block_size}, "
+                          f"never seen in training)"
                           if qpos + 1 > block_size else ''), fontsize=10)
     fig.savefig(path, dpi=110)
     plt.close(fig)
