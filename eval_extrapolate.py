@@ -205,18 +205,17 @@ def training_tokenizer(ckpt, vocab_size):
     """(tokenizer, how we know) for the data a checkpoint was trained on: its dataset's meta.json when
     that is on this machine, else the vocabulary as sample.py reads it (256: bytes, >= 50257: GPT-2
     BPE, whose size train.py only pads upwards); (None, '') when neither tells."""
-    from tokenizer import GPT2_VOCAB_SIZE, load_meta
+    from tokenizer import GPT2_VOCAB_SIZE, load_meta, tokenizer_of_vocab
     path = find_data_dir(training_data_dirs(ckpt), 'meta.json')
     if path is not None:
         try:
             return load_meta(path)['tokenizer'], f"{os.path.join(path, 'meta.json')} says so"
         except ValueError:
             pass  # an unreadable meta.json: fall back to the vocabulary
-    if vocab_size == 256:
-        return 'byte', 'its vocab_size is 256'
-    if vocab_size >= GPT2_VOCAB_SIZE:
-        return 'gpt2', f"its vocab_size {vocab_size} is GPT-2's {GPT2_VOCAB_SIZE} or more"
-    return None, ''
+    tok = tokenizer_of_vocab(vocab_size)
+    why = {'byte': 'its vocab_size is 256', None: '',
+           'gpt2': f"its vocab_size {vocab_size} is GPT-2's {GPT2_VOCAB_SIZE} or more"}[tok]
+    return tok, why
 
 
 def check_data_fits(run, meta):

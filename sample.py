@@ -34,18 +34,12 @@ compile = False          # torch.compile the model
 config_keys = [k for k in globals() if k not in _names_before_config and not k.startswith('_')]
 
 
-def tokenizer_name_for_vocab(vocab):
-    """The tokenizer a vocabulary size implies: 256 -> bytes, >= 50257 -> GPT-2 BPE (nanoGPT pads it to
-    50304); None for other sizes (e.g. a byte model whose embedding train.py padded)."""
-    return 'byte' if vocab == 256 else 'gpt2' if vocab >= 50257 else None
-
-
 def tokenizer_for(ckpt, model, data_dir_override=''):
     """The dataset's tokenizer (meta.json), or one inferred from the vocabulary when the dataset is
     not on this machine: 256 -> bytes, >= 50257 -> GPT-2 BPE. A dataset whose tokenizer cannot be the
     model's is an error: its ids would be fed to, or sampled from, the wrong embedding rows."""
     from eval_extrapolate import EvalError, resolve_data_dir
-    from tokenizer import get_tokenizer, load_meta
+    from tokenizer import get_tokenizer, load_meta, tokenizer_of_vocab
     vocab = model.config.vocab_size
     try:
         data_dir = resolve_data_dir(ckpt, data_dir_override)
@@ -53,7 +47,7 @@ def tokenizer_for(ckpt, model, data_dir_override=''):
     except (EvalError, FileNotFoundError) as e:
         if data_dir_override:
             raise EvalError(str(e)) from e
-        name = tokenizer_name_for_vocab(vocab)
+        name = tokenizer_of_vocab(vocab)
         if name is None:
             raise EvalError(f"cannot tell the tokenizer: {e}; pass --data_dir=data/<name>") from e
         print(f"({e}; using the '{name}' tokenizer for vocab_size {vocab})", file=sys.stderr)
@@ -62,7 +56,7 @@ def tokenizer_for(ckpt, model, data_dir_override=''):
         raise EvalError(f"cannot read the tokenizer from {data_dir}/meta.json: {e}") from e
     # the checkpoint does not name its tokenizer, but its vocabulary (the dataset's, or that padded up)
     # must hold the tokenizer's and, for the sizes that imply one, be that tokenizer's
-    implied = tokenizer_name_for_vocab(vocab)
+    implied = tokenizer_of_vocab(vocab)
     if vocab < tok.vocab_size or implied not in (None, tok.name):
         trained_on = ckpt.get('dataset') or (ckpt.get('config') or {}).get('dataset')
         raise EvalError(

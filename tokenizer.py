@@ -178,6 +178,13 @@ def get_tokenizer(meta):
     raise ValueError(f"unknown tokenizer {name!r} in meta; expected one of {list(TOKENIZERS)}")
 
 
+def tokenizer_of_vocab(vocab_size):
+    """The tokenizer a model's vocabulary implies when its dataset is not at hand: 'byte' for 256,
+    'gpt2' for GPT-2's 50257 or more (train.py only pads it upwards, nanoGPT to 50304); None otherwise
+    (e.g. a byte model whose embedding was padded)."""
+    return 'byte' if vocab_size == 256 else 'gpt2' if vocab_size >= GPT2_VOCAB_SIZE else None
+
+
 def load_meta(data_dir):
     """Read data_dir/meta.json; a missing file is an error that names the prepare command."""
     path = os.path.join(data_dir, 'meta.json')
