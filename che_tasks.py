@@ -761,6 +761,7 @@ config_keys = [k for k in globals() if k not in _names_before_config and not k.s
 def check_config(cfg):
     """Fail before any training on a bad task name or a (pos, dape) the model rejects: builds every
     cell's GPTConfig, which validates itself (ValueError naming the field)."""
+    from configurator import check_device
     from model import GPTConfig
     if cfg['grid']:
         tasks = resolve_tasks(cfg['grid_tasks'])
@@ -784,19 +785,6 @@ def check_config(cfg):
     if cfg['dtype'] not in ('auto', 'float32', 'bfloat16', 'float16'):
         raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {cfg['dtype']!r}")
     check_device(cfg['device'])
-
-
-def check_device(device):
-    """'auto', 'cpu', 'cuda' or 'cuda:N', where that device exists."""
-    import torch
-    if device in ('auto', 'cpu'):
-        return
-    if not (device == 'cuda' or device.startswith('cuda:') and device[5:].isdigit()):
-        raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {device!r}")
-    if not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} but no CUDA device is available: use device=cpu (or auto)")
-    if device[5:] and int(device[5:]) >= torch.cuda.device_count():
-        raise ValueError(f"device={device!r} but only {torch.cuda.device_count()} CUDA device(s) are visible")
 
 
 def main(argv=None):

@@ -128,6 +128,26 @@ def _apply_file(config, path):
     return update_config(config, overrides, f"config file '{path}'")
 
 
+def check_device(name):
+    """A --device this machine has: 'cpu', 'cuda', 'cuda:N' or 'mps' ('auto' is always fine). Checked
+    before any work: torch.load onto a missing GPU fails with a message that blames the file."""
+    if name == 'auto':
+        return
+    import torch
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"--device={name} is not a device: use auto, cpu, cuda or cuda:N") from None
+    if dev.type == 'cuda' and not torch.cuda.is_available():
+        raise ConfigError(f"--device={name}: no CUDA device available (torch.cuda.is_available() is False); "
+                          f"use --device=cpu")
+    if dev.type == 'cuda' and (dev.index or 0) >= torch.cuda.device_count():
+        raise ConfigError(f"--device={name}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                          f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    if dev.type == 'mps' and not torch.backends.mps.is_available():
+        raise ConfigError(f"--device={name}: no MPS device available; use --device=cpu")
+
+
 def format_help(defaults):
     width = max((len(k) for k in defaults), default=0)
     script = os.path.basename(sys.argv[0]) or "SCRIPT.py"

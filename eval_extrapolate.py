@@ -44,6 +44,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from configurator import check_device
+
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
 # -----------------------------------------------------------------------------
@@ -136,22 +138,10 @@ def parse_ints(text, key):
 
 
 def pick_device(name):
-    """--device as a torch device name. A device this machine lacks is an error here, before any
-    checkpoint is read: torch.load onto a missing GPU fails with a message that blames the file."""
+    """--device as a torch device name, 'auto' resolved; one this machine lacks is an error."""
     if name == 'auto':
         return 'cuda' if torch.cuda.is_available() else 'cpu'
-    try:
-        dev = torch.device(name)
-    except RuntimeError:
-        raise EvalError(f"--device={name} is not a device: use auto, cpu, cuda or cuda:N") from None
-    if dev.type == 'cuda' and not torch.cuda.is_available():
-        raise EvalError(f"--device={name}: no CUDA device available (torch.cuda.is_available() is False); "
-                        f"use --device=cpu")
-    if dev.type == 'cuda' and (dev.index or 0) >= torch.cuda.device_count():
-        raise EvalError(f"--device={name}: this machine has {torch.cuda.device_count()} CUDA device(s), "
-                        f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
-    if dev.type == 'mps' and not torch.backends.mps.is_available():
-        raise EvalError(f"--device={name}: no MPS device available; use --device=cpu")
+    check_device(name)
     return name
 
 

@@ -31,7 +31,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from configurator import ConfigError, config_defaults, configure, update_config
+from configurator import ConfigError, check_device, config_defaults, configure, update_config
 from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
@@ -111,11 +111,7 @@ def check_config(C):
     for k, allowed in choices.items():
         if getattr(C, k) not in allowed:
             raise ConfigError(f"{k} must be one of {', '.join(allowed)}; got {getattr(C, k)!r}")
-    if C.device not in ('auto', 'cpu'):
-        if not (C.device == 'cuda' or C.device.startswith('cuda:') and C.device[5:].isdigit()):
-            raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {C.device!r}")
-        if not torch.cuda.is_available():
-            raise ConfigError(f"device={C.device!r} but no CUDA device is available: use --device=cpu (or auto)")
+    check_device(C.device)
     model_args = {f.name: getattr(C, f.name) for f in dataclasses.fields(GPTConfig)}
     try:  # the model options, before reading data (vocab_size comes from meta.json when 0)
         GPTConfig(**{**model_args, 'vocab_size': C.vocab_size or 1})

@@ -410,7 +410,7 @@ def test_runner_cli_end_to_end(tmp_path):
 
 @pytest.mark.parametrize('option, message', [
     (dict(dtype='float64'), "dtype must be auto, float32, bfloat16 or float16, got 'float64'"),
-    (dict(device='tpu'), "device must be auto, cpu, cuda or cuda:N, got 'tpu'"),
+    (dict(device='tpu'), "--device=tpu is not a device: use auto, cpu, cuda or cuda:N"),
     (dict(learning_rate=-1.0), "learning_rate must be > 0"),
     (dict(eval_min_len=90, eval_max_len=50), "no evaluation lengths"),
 ])

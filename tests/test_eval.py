@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 import eval_extrapolate as E
 import visualize as V
+from configurator import ConfigError
 from model import GPT, GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -282,9 +283,9 @@ def test_missing_gpu_is_reported_as_such(tmp_path, monkeypatch):
     a = make_ckpt(root, 'a', 1)
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
     for dev in ('cuda', 'cuda:1'):
-        with pytest.raises(E.EvalError, match='no CUDA device available.*--device=cpu'):
+        with pytest.raises(ConfigError, match='no CUDA device available.*--device=cpu'):
             E.evaluate(cfg(lengths='16', device=dev), [a])
-    with pytest.raises(E.EvalError, match='not a device'):
+    with pytest.raises(ConfigError, match='not a device'):
         E.evaluate(cfg(lengths='16', device='gpu'), [a])
     assert E.pick_device('auto') == 'cpu'
 

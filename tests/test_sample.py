@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import sample as S
+from configurator import ConfigError
 from eval_extrapolate import EvalError
 from model import GPT, GPTConfig
 
@@ -161,10 +162,10 @@ def test_unavailable_device(tmp_path, monkeypatch):
     ck = make_ckpt(root, 'byte', 'chars')
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)  # also on a machine with a GPU
     for dev in ('cuda', 'cuda:1'):
-        with pytest.raises(EvalError, match=r"no CUDA device.*--device=cpu") as e:
+        with pytest.raises(ConfigError, match=r"no CUDA device.*--device=cpu") as e:
             S.sample(cfg(device=dev), ck)
         assert 'checkpoint' not in str(e.value) and 'truncated' not in str(e.value)
-    with pytest.raises(EvalError, match="--device=gpu"):
+    with pytest.raises(ConfigError, match="--device=gpu is not a device"):
         S.sample(cfg(device='gpu'), ck)
 
 

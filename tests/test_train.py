@@ -212,7 +212,7 @@ def test_a_checkpoint_is_never_overwritten_or_misread(data_root, tmp_path):
     (dict(learning_rate=0.0), "learning_rate must be > 0"),
     (dict(init_from='continue'), "init_from must be one of scratch, resume; got 'continue'"),
     (dict(dtype='float64'), "dtype must be one of auto, float32, bfloat16, float16"),
-    (dict(device='tpu'), "device must be auto, cpu, cuda or cuda:N"),
+    (dict(device='tpu'), "--device=tpu is not a device: use auto, cpu, cuda or cuda:N"),
     (dict(pos='rotary'), "unknown pos='rotary'"),
     (dict(dape='v2', dape_kernel=4), "dape_kernel must be odd"),
 ])
