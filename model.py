@@ -391,6 +391,20 @@ class GPT(nn.Module):
         return idx
 
 
+def read_checkpoint_file(path, keys=("model", "model_args"), device="cpu"):
+    """torch.load a train.py checkpoint file, checked: an unreadable file, or one without all of `keys`,
+    is a ValueError naming it (the file is only read)."""
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=True)
+    except Exception as e:
+        raise ValueError(f"{path} is not a readable checkpoint ({type(e).__name__}: {e}); "
+                         f"it may be truncated or not written by train.py") from e
+    missing = [k for k in keys if k not in ckpt] if isinstance(ckpt, dict) else list(keys)
+    if missing:
+        raise ValueError(f"{path} is not a train.py checkpoint: it lacks {missing}")
+    return ckpt
+
+
 def load_checkpoint(path, device="cpu"):
     """Load a train.py checkpoint (a ckpt.pt file or the out_dir holding one) and build its model.
     Returns (model, checkpoint dict). Errors name the file and what to do."""
@@ -398,13 +412,7 @@ def load_checkpoint(path, device="cpu"):
         path = os.path.join(path, "ckpt.pt")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no checkpoint at {path}; train one first: python train.py <config> --out_dir=...")
-    try:
-        ckpt = torch.load(path, map_location=device, weights_only=True)
-    except Exception as e:
-        raise ValueError(f"{path} is not a readable checkpoint ({type(e).__name__}: {e}); "
-                         f"it may be truncated or not written by train.py") from e
-    if not isinstance(ckpt, dict) or "model" not in ckpt or "model_args" not in ckpt:
-        raise ValueError(f"{path} is not a train.py checkpoint: it needs the keys 'model' and 'model_args'")
+    ckpt = read_checkpoint_file(path, device=device)
     known = {f.name for f in fields(GPTConfig)}
     unknown = set(ckpt["model_args"]) - known
     if unknown:

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from configurator import ConfigError, check_device, config_defaults, configure, update_config
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, read_checkpoint_file
 
 # -----------------------------------------------------------------------------
 # default config values: the paper's 125M model (Appendix B, Table 3) on the embedded byte-level
@@ -212,16 +212,11 @@ def read_checkpoint(path, C):
     if not os.path.exists(path):
         raise FileNotFoundError(f"init_from='resume' but {path} does not exist; train from scratch first "
                                 f"(--init_from=scratch) or set --out_dir")
-    try:
-        ckpt = torch.load(path, map_location='cpu', weights_only=True)
-    except Exception as e:
-        raise CheckpointError(f"{path} is not a readable checkpoint ({type(e).__name__}: {e}): truncated, or not "
-                         f"written by train.py. It was left as it is; train into another --out_dir") from e
-    needed = ('model', 'optimizer', 'model_args', 'iter_num', 'best_val_loss', 'rng')
-    missing = [k for k in needed if k not in ckpt] if isinstance(ckpt, dict) else list(needed)
-    if missing:
-        raise CheckpointError(f"{path} is not a train.py checkpoint that can be resumed: it lacks {missing}")
-    return ckpt
+    try:  # all that resuming needs
+        return read_checkpoint_file(path, ('model', 'optimizer', 'model_args', 'iter_num', 'best_val_loss', 'rng'))
+    except ValueError as e:
+        raise CheckpointError(f"{e}. It cannot be resumed and was left as it is; train into another "
+                              f"--out_dir") from e
 
 
 def resumed_model_args(saved, config, path):
