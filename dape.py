@@ -1,73 +1,57 @@
 """
 DAPE: data-adaptive positional encoding (Zheng et al., NeurIPS 2024).
 
-The pre-softmax logits of a layer become A + B + f(A, B), where A = q.k/sqrt(hs) are the logits of all
-H heads, B the positional bias of all H heads, and f a small network that mixes the 2H channels at
-every (query, key) pair into H new ones:
+Shapes: B batch, H heads, Tq and Tk query and key lengths, C channels of f's input (H or 2H), D f's
+hidden width, k V2's kernel along the key axis.
+
+The pre-softmax logits of a layer become A + bias + f(A, bias), where A = q.k/sqrt(hs) are the logits
+of all H heads and `bias` the positional bias of all H heads (the paper's B), and f a small network that
+mixes the channels of every (query, key) pair into H new ones:
 
     DAPEV1  f is an MLP applied independently at each (i, j)              (paper eq. 2/3, Appendix J)
     DAPEV2  f is two (1, k) convolutions along the key axis of each row   (DAPE V2, "1xk")
 
-Variants (`dape_variant`), for an encoding with a bias B:
-    concat_residual   A + B + f(cat(A, B))   (default; eq. 3, Appendix J)
-    concat            A + f(cat(A, B))       (eq. 2)
-    add_residual      A + B + f(A + B)       (Fig. 5)
-    bias_only         A + B + f(B)           (ablation: no semantic input)
+Variants (`dape_variant`), for an encoding with a bias:
+    concat_residual   A + bias + f(cat(A, bias))   (default; eq. 3, Appendix J)
+    concat            A + f(cat(A, bias))          (eq. 2)
+    add_residual      A + bias + f(A + bias)       (Fig. 5)
+    bias_only         A + bias + f(bias)           (ablation: no semantic input)
 For an encoding without a bias (nope, rope, learned, sinusoidal, cope) it is A + f(A).
 
 `future` is the causal mask [Tq, Tk] (True where key j is after query i) or None (bidirectional). f
 never sees -inf: the caller masks after f, or asks forward(..., mask_future=True) for the masked logits
-directly (what attention uses: then f is skipped where the mask would hide it, or, on the CPU, at
-least for the keys masked for a whole block of rows; elsewhere the -inf added to finite logits hides
-it, so A and B must be finite in the future too, as they always are). V2 zeroes the future
-before each convolution, so a row's result is the same whatever number of future columns the map
-happens to have (prefix consistency).
+directly (what attention uses). V2 zeroes the future before each convolution, so that a row's result is
+the same whatever number of future columns the map happens to have (prefix consistency).
 
-How it is computed (the function is the same either way; tests check both, outputs and gradients,
-against an independent float64 reference written like Appendix J):
-- Elsewhere than the CPU (CUDA, torch.compile) f runs on whole maps, which the GPU and the compiler do
-  best with. Its first layer is split into a logits half and a bias half, W1 . cat(A, B) = W1_A . A +
-  W1_B . B, so that W1_B . B is computed once for the batch when B has none, and both layers contract
-  over the channel axis of the [batch, channel, query, key] maps: nothing is permuted and back.
-- On the CPU (_Tiled below) f runs tile by tile, with a backward pass of its own: a tile is a block of
-  query rows of a group of sequences (about TILE_PAIRS pairs), so the [B, D, T, T] hidden map (8x the
-  logits at D = 32, H = 4) never exists at once. In causal attention a block of rows only needs the
-  keys up to its last query, so the masked half of f is never computed. A tile runs f's products
-  alone: the residual, the mask and the softmax (and their gradients) are one call each on the whole
-  maps. Each layer of f is one matrix product over the tile's pairs, with the hidden map pairs-major
-  and a (1, k) convolution as im2col along the key axis (details below).
+The definition is `f` below, written as in the paper's Appendix J. The model runs the same function
+faster: dape_torch.py computes it without the plain form's intermediate maps (on the CPU tile by tile,
+elsewhere with the channel mixing as batched products), and dape_triton.py fuses it into the attention
+kernel on CUDA. Both are tested against this file (tests/test_dape.py, tests/test_dape_triton.py).
 """
 
-import threading
-
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import dape_torch
+
 VARIANTS = ("concat_residual", "concat", "add_residual", "bias_only")
 SLOPE = 0.01  # LeakyReLU's negative slope (PyTorch's default, as in Appendix J)
-# (query, key) pairs per CPU tile, over the sequences it groups: its hidden map is D * TILE_PAIRS floats
-# (2 MB at D = 32), which stays in cache; smaller tiles spend more time in Python than in arithmetic.
-TILE_PAIRS = 16384
 
 
 def dape_in_channels(n_head, variant, has_bias):
     return 2 * n_head if has_bias and variant in ("concat_residual", "concat") else n_head
 
 
-def _use_tiles(x):
-    return x.device.type == "cpu" and not torch.compiler.is_compiling()
-
-
 class _DAPE(nn.Module):
-    """The variant logic shared by V1 and V2. Subclasses give their weights as
-    (w1 [D, C_in, k], b1 [D], w2 [H, D, k], b2 [H]) in weights() and k in self.kernel."""
+    """The variant logic shared by V1 and V2; subclasses define f."""
 
+    kernel = 1  # taps along the key axis (V2's k)
+    slope = SLOPE
     zero_future = False  # V2: zero the future before each layer
-    # CPU training: keep each tile's hidden map for the backward pass (D floats per computed pair and
-    # layer, 8x the logits at D = 32, H = 4) rather than recompute it: ~5% of a training step, measured
-    # interleaved; False saves that memory
+    fast = True  # False: always the plain form (the reference the fast paths are tested against)
+    # CPU training: keep each tile's hidden map for the backward pass rather than recompute it (faster,
+    # costs D floats per computed pair and layer; see dape_torch.py)
     save_hidden = True
 
     def __init__(self, n_head, width, variant, has_bias):
@@ -77,45 +61,40 @@ class _DAPE(nn.Module):
         self.n_head, self.width, self.variant, self.has_bias = n_head, width, variant, has_bias
         self.in_channels = dape_in_channels(n_head, variant, has_bias)
 
-    def forward(self, A, B, future=None, mask_future=False):
-        """A: [B, H, Tq, Tk]; B: [H, Tq, Tk], [1 or B, H, Tq, Tk] or None. Returns the logits
+    def forward(self, A, bias, future=None, mask_future=False):
+        """A: [B, H, Tq, Tk]; bias: [H, Tq, Tk], [1 or B, H, Tq, Tk] or None. Returns the logits
         [B, H, Tq, Tk]; with mask_future, the same logits with -inf where future is True."""
-        return self._run(A, B, future, "masked" if mask_future and future is not None else "logits")
+        return self._run(A, bias, future, "masked" if mask_future and future is not None else "logits")
 
-    def probs(self, A, B, future=None):
-        """softmax(forward(A, B, future, mask_future=True), dim=-1): the attention probabilities, which
-        on the CPU are computed tile by tile without the full logits ever being stored."""
-        return self._run(A, B, future, "probs")
+    def probs(self, A, bias, future=None):
+        """softmax(forward(A, bias, future, mask_future=True), dim=-1): the attention probabilities (which
+        the CPU path computes tile by tile without storing the full logits twice)."""
+        return self._run(A, bias, future, "probs")
 
-    def _run(self, A, B, future, out):
-        if B is not None and B.dim() == 4 and B.shape[0] == 1:
-            B = B[0]  # one map for the whole batch
-        if B is None:
+    def _run(self, A, bias, future, out):
+        if bias is not None and bias.dim() == 4 and bias.shape[0] == 1:
+            bias = bias[0]  # one map for the whole batch
+        if bias is None:
             x, y, res_y = A, None, False  # A + f(A)
         elif self.variant == "concat_residual":
-            x, y, res_y = A, B, True  # A + B + f(A, B)
+            x, y, res_y = A, bias, True  # A + bias + f(A, bias)
         elif self.variant == "concat":
-            x, y, res_y = A, B, False  # A + f(A, B)
+            x, y, res_y = A, bias, False  # A + f(A, bias)
         elif self.variant == "add_residual":
-            x, y, res_y = A + B, None, False  # S + f(S)
-        else:  # bias_only: A + (B + f(B)), f computed once for the whole batch when B has no batch axis
-            logits = A + self.residual_f(B if B.dim() == 4 else B[None], None, False, future, "logits")
-            return _finish(logits, future, out)
+            x, y, res_y = A + bias, None, False  # S + f(S), S = A + bias
+        else:  # bias_only: A + (bias + f(bias)), computed once for the batch when bias has no batch axis
+            Bf = self.residual_f(bias if bias.dim() == 4 else bias[None], None, False, future, "logits")
+            return finish(A + Bf, future, out)
         return self.residual_f(x, y, res_y, future, out)
 
     def residual_f(self, x, y, res_y, future, out):
         """x + (y if res_y) + f(cat(x, y)), then as `out` asks: "logits", "masked" or "probs".
-        x: [B, C, Tq, Tk] (C = H); y: None, [Cy, Tq, Tk] (shared by the batch) or [B, Cy, Tq, Tk]."""
-        w1, b1, w2, b2 = self.weights()
-        C = x.shape[-3]
-        if _use_tiles(x):
-            # im2col column order: tap t, then channel c  ->  [D, k * C]
-            spec = _Spec(self.kernel, self.zero_future, res_y, future, out, self.save_hidden,
-                         grad=torch.is_grad_enabled())
-            return _Tiled.apply(x, y, w1, b1, w2, b2, spec)
-        logits = self.f_whole(x, y, future, w1, b1, w2, b2)
-        logits = logits + x if y is None or not res_y else logits + (x + y)
-        return _finish(logits, future, out)
+        x: [B, C, Tq, Tk]; y: None, [C, Tq, Tk] (shared by the batch) or [B, C, Tq, Tk]."""
+        if self.fast:
+            return dape_torch.residual_f(self, x, y, res_y, future, out)
+        X = x if y is None else torch.cat((x, y.expand(x.shape[0], *y.shape[-3:])), dim=1)
+        logits = self.f(X, future) + (x + y if res_y else x)
+        return finish(logits, future, out)
 
     def reset_parameters(self):
         for m in self.modules():
@@ -123,48 +102,34 @@ class _DAPE(nn.Module):
                 m.reset_parameters()
 
 
-def _finish(logits, future, out):
+def finish(logits, future, out):
     """logits: a fresh map of the caller's (the residual sum), masked in place."""
     if out != "logits" and future is not None:
         logits = logits.masked_fill_(future, float("-inf"))
     return F.softmax(logits, dim=-1) if out == "probs" else logits
 
 
-def _channel_mix(w, x):
-    """w [D, C] applied to the channel axis of flat maps x [B, C, N] (or [C, N]) -> [B, D, N]. As one
-    batched product written straight into its output: torch.matmul computes this one transposed and
-    then copies it, which holds two maps of the output's size at once."""
-    return w @ x if x.dim() == 2 else torch.bmm(w.expand(x.shape[0], -1, -1), x)
-
-
 class DAPEV1(_DAPE):
-    """f = Linear(C_in -> D) -> LeakyReLU -> Linear(D -> H) at every (i, j). The parameters are named
-    like Appendix J's `mlp` (Sequential), so state dicts interchange with the paper's module."""
-
-    kernel = 1
+    """f = Linear(C -> D) -> LeakyReLU -> Linear(D -> H) at every (i, j). The parameters are named like
+    Appendix J's `mlp` (Sequential), so state dicts interchange with the paper's module."""
 
     def __init__(self, n_head, width=32, variant="concat_residual", has_bias=True):
         super().__init__(n_head, width, variant, has_bias)
         self.mlp = nn.Sequential(nn.Linear(self.in_channels, width), nn.LeakyReLU(SLOPE),
                                  nn.Linear(width, n_head))
 
+    def f(self, X, future=None):
+        """X [B, C, Tq, Tk] -> [B, H, Tq, Tk]: the MLP over the channels of each pair."""
+        return self.mlp(X.movedim(1, -1)).movedim(-1, 1)
+
     def weights(self):
+        """(w1 [D, C, k], b1 [D], w2 [H, D, k], b2 [H]), the form the fast paths take, k = 1."""
         fc1, fc2 = self.mlp[0], self.mlp[2]
         return fc1.weight[:, :, None], fc1.bias, fc2.weight[:, :, None], fc2.bias
 
-    def f_whole(self, x, y, future, w1, b1, w2, b2):
-        # the maps flat, [..., C, Tq Tk]: each layer is one matmul with the channels as contraction axis
-        C, pairs = x.shape[-3], x.shape[-2:]
-        h = _channel_mix(w1[:, :C, 0], x.flatten(-2))  # [B, D, Tq Tk]: 8x the logits at D = 32, H = 4
-        # b1 and y's half (computed once for the batch when y has no batch axis), then the activation, in
-        # place: one map of h's size is allocated, and kept for backward
-        h += b1[:, None] if y is None else _channel_mix(w1[:, C:, 0], y.flatten(-2)) + b1[:, None]
-        F.leaky_relu(h, SLOPE, inplace=True)
-        return (_channel_mix(w2[:, :, 0], h) + b2[:, None]).unflatten(-1, pairs)
-
 
 class DAPEV2(_DAPE):
-    """f = Conv2d(C_in -> D, (1, k)) -> LeakyReLU -> Conv2d(D -> H, (1, k)): each (i, j) also sees its
+    """f = Conv2d(C -> D, (1, k)) -> LeakyReLU -> Conv2d(D -> H, (1, k)): each (i, j) also sees its
     k - 1 neighbouring keys in the same query row, across all heads."""
 
     zero_future = True
@@ -178,329 +143,12 @@ class DAPEV2(_DAPE):
         self.act = nn.LeakyReLU(SLOPE)
         self.conv2 = nn.Conv2d(width, n_head, (1, kernel), padding=(0, kernel // 2))
 
+    def f(self, X, future=None):
+        """X [B, C, Tq, Tk] -> [B, H, Tq, Tk]: two (1, k) convolutions along each row, with the future
+        zeroed before each."""
+        zero = (lambda t: t.masked_fill(future, 0.0)) if future is not None else (lambda t: t)
+        return self.conv2(zero(self.act(self.conv1(zero(X)))))
+
     def weights(self):
+        """(w1 [D, C, k], b1 [D], w2 [H, D, k], b2 [H]), the form the fast paths take."""
         return self.conv1.weight[:, :, 0], self.conv1.bias, self.conv2.weight[:, :, 0], self.conv2.bias
-
-    def f_whole(self, x, y, future, w1, b1, w2, b2):
-        pad = (0, self.kernel // 2)
-        zero_future = (lambda t: t.masked_fill(future, 0.0)) if future is not None else (lambda t: t)
-        C = x.shape[-3]
-        h = F.conv2d(zero_future(x), w1[:, :C, None], b1, padding=pad)
-        if y is not None:  # in place, as in V1 (a conv's backward does not need its output)
-            y = zero_future(y)
-            h += F.conv2d(y if y.dim() == 4 else y[None], w1[:, C:, None], padding=pad)
-        if future is not None:  # zeroed before the activation (LeakyReLU(0) = 0), so both are in place
-            h.masked_fill_(future, 0.0)
-        F.leaky_relu(h, SLOPE, inplace=True)
-        return F.conv2d(h, w2[:, :, None], b2, padding=pad)
-
-
-# -----------------------------------------------------------------------------
-# the CPU path: f tile by tile, with a backward pass of its own
-#
-# A tile is a block of query rows [s, e) of a group of sequences [b0, b1), with the keys [0, ne) that
-# those rows need. Its (query, key) pairs are laid out on one flat axis n = (sequence, row, key), each
-# row padded with p = k // 2 zeros on both sides (the convolution's zero padding; none for V1), so that
-# N = G * Q * (ne + 2p). On that axis both layers of f are one matrix product each:
-#
-#     X = im2col(cat(x, y)), then a row of ones    [k C + 1, N]    C = Cx + Cy channels; the ones carry b1
-#     h = LeakyReLU(X^T @ W1^T)                    [N, D]          V2: zero at padding and future pairs
-#     Z = W2 @ h^T                                 [k H, N]        all taps at once (M = k H rows, not H)
-#     f[:, n] = sum over taps t of Z[t H : (t + 1) H, n + t - p]
-#
-# The hidden map is kept pairs-major ([N, D], D contiguous): with K or M as small as the number of heads,
-# MKL runs the products of the forward and backward pass faster in that orientation than with [D, N]
-# (measured on this project's CPU, caches warm: 44 against 59 ns per pair for the six products).
-
-
-_tilings = {}  # _Spec.tiles' tilings, by shape, mask and kernel
-
-
-class _Spec:
-    """What _Tiled computes besides its tensors, and how it cuts the maps into tiles."""
-
-    def __init__(self, kernel, zero_future, res_y, future, out, save_hidden, grad):
-        self.kernel, self.zero_future, self.res_y = kernel, zero_future, res_y
-        self.future = future
-        self.out = out if future is not None or out != "masked" else "logits"
-        self.skip = future is not None and out != "logits"  # keys masked for a whole block: not computed
-        self.grad = grad  # a backward pass will follow: keep what it needs
-        self.save_hidden = save_hidden and grad  # keep h for the backward pass rather than recompute it
-
-    def tiles(self, Bn, Tq, Tk):
-        """The tiles for maps [Bn, C, Tq, Tk]; made once for each shape, mask and kernel (every layer of a
-        model, at every step, asks for the same few: making V2's takes ~0.7 ms at T = 64)."""
-        # the mask's bits (packed: in blocked evaluation at 8192 keys a mask is 102 x 8192 bools)
-        future = None if self.future is None else np.packbits(self.future.numpy()).tobytes()
-        key = (Bn, Tq, Tk, self.kernel, self.zero_future, self.skip, TILE_PAIRS, future)
-        tiles = _tilings.get(key)
-        if tiles is None:
-            if len(_tilings) >= 64:  # an evaluation at many lengths: forget the old ones
-                _tilings.clear()
-            tiles = _tilings[key] = self.make_tiles(Bn, Tq, Tk)
-        return tiles
-
-    def make_tiles(self, Bn, Tq, Tk):
-        """Tiles of about TILE_PAIRS pairs, padding included: a block of rows takes all Tk keys, or when
-        the mask is applied only the keys up to its last unmasked one (the rest is -inf, zero after the
-        softmax; for V2 zero, which is what the conv's zero padding gives). Every sequence of the batch
-        goes into one tile where that fits; otherwise a tile is one block of rows of G sequences."""
-        p = self.kernel // 2
-        if self.skip:
-            keys = torch.arange(1, Tk + 1, device=self.future.device)
-            need = torch.where(self.future, 0, keys).amax(dim=1).clamp(min=1).tolist()
-        else:
-            need = [Tk] * Tq
-        row_budget = max(1, TILE_PAIRS // Bn)
-        out, s = [], 0
-        while s < Tq:
-            e, ne = s + 1, need[s]
-            while e < Tq and (e + 1 - s) * (max(ne, need[e]) + 2 * p) <= row_budget:
-                ne = max(ne, need[e])
-                e += 1
-            G = max(1, min(Bn, TILE_PAIRS // ((e - s) * (ne + 2 * p))))
-            for b0 in range(0, Bn, G):
-                out.append(_Tile(s, e, ne, b0, min(b0 + G, Bn), p, self.future, self.zero_future))
-            s = e
-        return out
-
-
-class _Tile:
-    """Rows [s, e), keys [0, ne), sequences [b0, b1) of the [B, C, Tq, Tk] maps; flat buffers hold its
-    pairs at [p, p + N) of a width N + 2p (see above)."""
-
-    def __init__(self, s, e, ne, b0, b1, p, future, zero_future):
-        self.s, self.e, self.ne, self.b0, self.b1, self.p = s, e, ne, b0, b1, p
-        self.G, self.Q, self.L = b1 - b0, e - s, ne + 2 * p
-        self.N = self.G * self.Q * self.L
-        # V2 zeroes its inputs in the future, and its hidden map there and in each row's padding: few
-        # pairs (a triangle per block of rows, 2p per row), so they are zeroed by index, not by a mask
-        zero_fut = future[s:e, :ne] if zero_future and future is not None else None  # [Q, ne], True = future
-        if zero_fut is not None and not bool(zero_fut.any()):
-            zero_fut = None
-        self.fut_cols = self.zero_rows = None  # flat positions: of the inputs' buffers, of h's rows
-        if p or zero_fut is not None:
-            z = torch.zeros(self.Q, self.L, dtype=torch.bool)
-            if zero_fut is not None:
-                z[:, p:p + ne] = zero_fut
-                self.fut_cols = p + self._flat_index(z)
-            z[:, :p] = True
-            z[:, p + ne:] = True
-            self.zero_rows = self._flat_index(z)
-
-    def _flat_index(self, z):
-        """The flat positions of every sequence's True entries of z [Q, L]."""
-        one = z.flatten().nonzero().squeeze(1)
-        return (one + self.Q * self.L * torch.arange(self.G)[:, None]).flatten()
-
-    def of(self, t):
-        """The tile of a map, channels first: [B, C, Tq, Tk] -> [C, G, Q, ne]; a map shared by the batch
-        [C, Tq, Tk] -> [C, 1, Q, ne] (it broadcasts over the group). A strided view, made in one call
-        (tiles are small enough that a chain of slicing calls costs more than some of their arithmetic)."""
-        if t.dim() == 3:
-            sc, sq, sk = t.stride()
-            return t.as_strided((t.shape[0], 1, self.Q, self.ne), (sc, 0, sq, sk),
-                                t.storage_offset() + self.s * sq)
-        sb, sc, sq, sk = t.stride()
-        return t.as_strided((t.shape[1], self.G, self.Q, self.ne), (sc, sb, sq, sk),
-                            t.storage_offset() + self.b0 * sb + self.s * sq)
-
-    def slots(self, buf):
-        """Where the pairs sit in a flat buffer [R, N + 2p] (contiguous rows): a view [R, G, Q, ne]."""
-        R = buf.shape[0]
-        return buf.as_strided((R, self.G, self.Q, self.ne), (buf.stride(0), self.Q * self.L, self.L, 1),
-                              buf.storage_offset() + 2 * self.p)
-
-    def flat(self, maps, R, reverse=False, zero=None, ones=False):
-        """Maps [Ri, G or 1, Q, ne] stacked on the channel axis into a flat zero-padded [R, N + 2p] buffer
-        (a plain [R, N] one for V1), zero at the flat positions `zero`, then im2col'ed: [k R, N] with
-        block t = buf[:, t : t + N], the inputs of each output's tap t; reverse: block t =
-        buf[:, 2p - t : 2p - t + N], what the transposed convolution reads. ones: a last row of ones."""
-        p, N = self.p, self.N
-        if p == 0:
-            buf = maps[0].new_empty(R + ones, N)
-        else:
-            buf = maps[0].new_zeros(R, N + 2 * p)
-        slots, r = self.slots(buf[:R]), 0
-        for m in maps:
-            slots[r:r + m.shape[0]].copy_(m)
-            r += m.shape[0]
-        if zero is not None:
-            buf[:R].index_fill_(1, zero, 0.0)
-        if p == 0:
-            if ones:
-                buf[R].fill_(1.0)
-            return buf
-        k = 2 * p + 1
-        cols = buf.new_empty(k * R + ones, N)
-        for t in range(k):
-            start = 2 * p - t if reverse else t
-            cols[t * R:(t + 1) * R] = buf[:, start:start + N]
-        if ones:
-            cols[k * R].fill_(1.0)
-        return cols
-
-
-class _Tiled(torch.autograd.Function):
-    """x + (y if res_y) + f(cat(x, y)), masked and soft-maxed if spec.out asks, with f tile by tile.
-    x [B, Cx, Tq, Tk]; y None, [Cy, Tq, Tk] (shared by the batch) or [B, Cy, Tq, Tk]; the module's own
-    weights w1 [D, C, k], b1 [D], w2 [H, D, k], b2 [H]. Saved for the backward pass: the weights, the
-    probabilities (which attention keeps anyway), each tile's first-layer input X (k C + 1 floats per
-    pair: x and y themselves are not kept) and, with spec.save_hidden, its hidden map (D floats per pair);
-    without it, h is recomputed.
-
-    Everything but f is done once on the whole maps: the output starts as x + y + b2 (-inf where
-    masked), each tile adds f at its pairs, and the softmax (and in backward its gradient, db2, and the
-    residual's share of dx and dy) takes one call for the whole map; a tile only runs f's products."""
-
-    @staticmethod
-    @torch.amp.custom_fwd(device_type="cpu", cast_inputs=torch.float32)
-    def forward(ctx, x, y, w1, b1, w2, b2, spec):
-        Bn, _, Tq, Tk = x.shape
-        W1, W2 = _matrices(w1, b1, w2)
-        H = w2.shape[0]
-        out = _residual(x, y, b2, spec)
-        saved = []
-        for tile in spec.tiles(Bn, Tq, Tk):
-            X = _inputs(tile, x, y)
-            h = _hidden(tile, X, W1, keep=spec.save_hidden)
-            if spec.grad:
-                saved.append((tile, X, h if spec.save_hidden else None))
-            tile.of(out).add_(_second_layer(tile, h, W2, H))
-        if spec.out == "probs":
-            torch._softmax(out, -1, False, out=out)  # in place: it reads each row before writing it
-        # not x and y: the tiles' X hold what backward needs of them, and the logits map A can be freed
-        ctx.save_for_backward(w1, b1, w2, out if spec.out == "probs" else None)
-        ctx.Cx, ctx.y_shape = x.shape[1], None if y is None else y.shape
-        ctx.spec, ctx.tile_tensors = spec, saved
-        return out
-
-    @staticmethod
-    @torch.amp.custom_bwd(device_type="cpu")
-    def backward(ctx, g):
-        w1, b1, w2, probs = ctx.saved_tensors
-        Cx, y_shape = ctx.Cx, ctx.y_shape
-        spec, saved = ctx.spec, ctx.tile_tensors
-        ctx.tile_tensors = None
-        W1, W2 = _matrices(w1, b1, w2)
-        D, C, k = w1.shape
-        H = w2.shape[0]
-        kC = k * C
-        # the logits' gradient, zero where masked (there the probabilities are 0, or the -inf hides x):
-        # it is dx, dy (when y is added) and db2 as far as the residual goes; the tiles add f's share
-        if spec.out == "probs":
-            dx = torch._softmax_backward_data(g, probs, -1, g.dtype)
-        elif spec.out == "masked":
-            dx = g.masked_fill(spec.future, 0.0)
-        else:
-            dx = g.clone()
-        dy = db2 = None
-        if y_shape is not None and not spec.res_y:
-            dy = g.new_zeros(y_shape)
-        elif y_shape is not None and len(y_shape) == 3:
-            dy = dx.sum(dim=0)
-            db2 = dy.sum(dim=(1, 2))  # dy already holds dx's sum over the batch
-        elif y_shape is not None:
-            dy = dx.clone()
-        if db2 is None:
-            db2 = dx.sum(dim=(0, 2, 3))
-        dW1, dW2 = W1.new_zeros(kC + 1, D), W2.new_zeros(k * H, D)  # transposed: [k C + 1, D], [k H, D]
-        for tile, X, h in saved:
-            gcols = tile.flat([tile.of(dx)], H, reverse=True)  # [k H, N]: what the second layer's transpose reads
-            if h is None:
-                h = _hidden(tile, X, W1)
-            dW2.addmm_(gcols, h)
-            dh = torch.mm(gcols.t(), W2, out=_work("dh", tile.N, D, g))  # the gradient of the activation,
-            torch.ops.aten.leaky_relu_backward.grad_input(dh, h, SLOPE, True, grad_input=dh)  # then of h
-            if tile.zero_rows is not None:
-                dh.index_fill_(0, tile.zero_rows, 0.0)
-            dW1.addmm_(X, dh)
-            dX = _col2im(tile, torch.mm(W1[:, :kC].t(), dh.t(), out=_work("dX", kC, tile.N, g)), C, k)
-            tile.of(dx).add_(dX[:Cx])
-            if dy is not None:
-                if dy.dim() == 3:
-                    tile.of(dy)[:, 0].add_(dX[Cx:].sum(dim=1))
-                else:
-                    tile.of(dy).add_(dX[Cx:])
-        dw1 = dW1[:kC].t().reshape(D, k, C).permute(0, 2, 1)
-        dw2 = dW2.view(k, H, D).permute(1, 2, 0)
-        return dx, dy, dw1, dW1[kC], dw2, db2, None
-
-
-_workspace = threading.local()
-
-
-def _work(name, rows, cols, like):
-    """A contiguous [rows, cols] scratch buffer of like's dtype, the same memory for every tile and call
-    of this thread: the products write into memory that is mapped and warm in cache rather than into a
-    fresh multi-MB buffer per tile."""
-    key = f"{name}_{like.dtype}"
-    buf = getattr(_workspace, key, None)
-    if buf is None or buf.numel() < rows * cols:
-        buf = like.new_empty(rows * cols)
-        setattr(_workspace, key, buf)
-    return buf[:rows * cols].view(rows, cols)
-
-
-def _matrices(w1, b1, w2):
-    """The weights as the flat products use them: W1 [D, k C + 1] (im2col order: tap t, then channel;
-    b1 last, against the row of ones) and W2 [k H, D] (tap t's [H, D] at rows t H .. t H + H - 1)."""
-    D, C, k = w1.shape
-    H = w2.shape[0]
-    W1 = torch.cat((w1.permute(0, 2, 1).reshape(D, k * C), b1[:, None]), dim=1)
-    return W1, w2.permute(2, 0, 1).reshape(k * H, D)
-
-
-def _residual(x, y, b2, spec):
-    """What the logits add to f, on the whole maps: x + (y if res_y) + b2, -inf where masked when
-    spec.out asks for the mask (f is finite, so the -inf stays). A new [B, H, Tq, Tk] map."""
-    res = b2[:, None, None]
-    if y is not None and spec.res_y:
-        res = res + y  # [H, Tq, Tk], or [B, H, Tq, Tk] when y has a batch axis
-    if spec.out != "logits" and spec.future is not None:
-        res = res.masked_fill(spec.future, float("-inf"))
-    return x + res
-
-
-def _inputs(tile, x, y):
-    """The first layer's input X [k C + 1, N]: the tile of cat(x, y) im2col'ed, V2's future zeroed, and
-    a last row of ones (for b1)."""
-    maps = [tile.of(x)] if y is None else [tile.of(x), tile.of(y).expand(-1, tile.G, -1, -1)]
-    return tile.flat(maps, sum(m.shape[0] for m in maps), zero=tile.fut_cols, ones=True)
-
-
-def _hidden(tile, X, W1, keep=False):
-    """h = LeakyReLU(X^T W1^T) [N, D], zero where V2 zeroes it; in the workspace unless kept."""
-    N, D = tile.N, W1.shape[0]
-    h = torch.mm(X.t(), W1.t(), out=X.new_empty(N, D) if keep else _work("h", N, D, X))
-    F.leaky_relu(h, SLOPE, inplace=True)
-    if tile.zero_rows is not None:
-        h.index_fill_(0, tile.zero_rows, 0.0)
-    return h
-
-
-def _second_layer(tile, h, W2, H):
-    """f's second layer at the tile's pairs, without b2: [H, G, Q, ne] (a view of the workspace)."""
-    k, p, N = W2.shape[0] // H, tile.p, tile.N
-    Z = torch.mm(W2, h.t(), out=_work("Z", W2.shape[0], N, h))  # [k H, N]
-    if k == 1:
-        return Z.view(H, tile.G, tile.Q, tile.ne)
-    o = _work("o", H, N + 2 * p, h)
-    inner = o[:, 2 * p:N]  # the outputs at flat positions [p, N - p): all that is ever read
-    torch.add(Z[:H, :N - 2 * p], Z[H:2 * H, 1:N - 2 * p + 1], out=inner)
-    for t in range(2, k):
-        inner.add_(Z[t * H:(t + 1) * H, t:N - 2 * p + t])
-    return tile.slots(o)
-
-
-def _col2im(tile, dcols, C, k):
-    """The adjoint of flat(): the gradients [k C, N] of the im2col blocks -> the tile's [C, G, Q, ne]
-    (zero where V2 zeroed its inputs)."""
-    if k == 1:
-        return dcols.view(C, tile.G, tile.Q, tile.ne)
-    buf = dcols.new_zeros(C, tile.N + 2 * tile.p)
-    for t in range(k):
-        buf[:, t:t + tile.N] += dcols[t * C:(t + 1) * C]
-    if tile.fut_cols is not None:
-        buf.index_fill_(1, tile.fut_cols, 0.0)
-    return tile.slots(buf)

@@ -1,9 +1,10 @@
 """DAPE's f, outputs and every gradient, against an independent float64 autograd reference.
 
-dape.py computes f in two ways: whole maps with autograd (CUDA, torch.compile) and, on the CPU, tile by
-tile with a hand-written backward pass. Both must compute the same function as the paper's module: the
-reference below is written like Appendix J (tile B over the batch, concatenate, channels-last MLP or
-(1, k) convolutions) and run in float64, so that float32 rounding is the only difference allowed."""
+f is computed in three ways: dape.py's plain form (the definition), and dape_torch.py's fast paths, whole
+maps with autograd (CUDA, torch.compile) and, on the CPU, tile by tile with a hand-written backward
+pass. All must compute the same function as the paper's module: the reference below is written like
+Appendix J (tile B over the batch, concatenate, channels-last MLP or (1, k) convolutions) and run in
+float64, so that float32 rounding is the only difference allowed."""
 
 import itertools
 
@@ -12,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import dape
+import dape_torch
 from dape import DAPEV1, DAPEV2, VARIANTS
 
 H, D = 3, 5
@@ -103,14 +105,16 @@ CASES = [(k, v, b) for k, v, b in itertools.product(KINDS, VARIANTS, ["shared", 
          if b != "none" or v == "concat_residual"]
 
 
-@pytest.fixture(params=["cpu-tiles", "whole-maps"])
+@pytest.fixture(params=["cpu-tiles", "whole-maps", "plain"])
 def path(request, monkeypatch):
-    """Both ways of computing f: the CPU's tiles (made small, so that a map takes many tiles and groups
-    of sequences) and the whole-map autograd path that CUDA and torch.compile take."""
+    """Every way of computing f: the CPU's tiles (made small, so that a map takes many tiles and groups
+    of sequences), the whole-map autograd path that CUDA and torch.compile take, and the plain form."""
     if request.param == "cpu-tiles":
-        monkeypatch.setattr(dape, "TILE_PAIRS", 40)
+        monkeypatch.setattr(dape_torch, "TILE_PAIRS", 40)
+    elif request.param == "whole-maps":
+        monkeypatch.setattr(dape_torch, "use_tiles", lambda x: False)
     else:
-        monkeypatch.setattr(dape, "_use_tiles", lambda x: False)
+        monkeypatch.setattr(dape._DAPE, "fast", False)
     return request.param
 
 
@@ -134,7 +138,7 @@ def test_a_block_of_queries_against_all_keys(path, kind, mode):
 @pytest.mark.parametrize("tile_pairs", [1, 7, 64, 10 ** 6])
 def test_any_tiling_gives_the_same_result(monkeypatch, tile_pairs):
     """One row per tile, a few rows of one sequence, several sequences per tile, the whole batch."""
-    monkeypatch.setattr(dape, "TILE_PAIRS", tile_pairs)
+    monkeypatch.setattr(dape_torch, "TILE_PAIRS", tile_pairs)
     for kind in KINDS:
         m = module(kind, "concat_residual", True)
         A, B, future = maps(3, 9, 9, "shared", t0=0)
@@ -173,7 +177,7 @@ def test_float64_runs_in_float64(kind):
 def test_recomputing_the_hidden_map_in_backward(monkeypatch, kind):
     """save_hidden = False (less memory in training): the backward pass recomputes h, same gradients."""
     monkeypatch.setattr(dape._DAPE, "save_hidden", False)
-    monkeypatch.setattr(dape, "TILE_PAIRS", 40)
+    monkeypatch.setattr(dape_torch, "TILE_PAIRS", 40)
     m = module(kind, "concat_residual", True)
     A, B, future = maps(3, 9, 9, "shared", t0=0)
     assert_equal_to_reference(m, A, B, future, "probs")
@@ -183,7 +187,7 @@ def test_recomputing_the_hidden_map_in_backward(monkeypatch, kind):
 def test_tilings_are_remembered_per_mask(monkeypatch, kind):
     """The CPU path reuses a tiling for the same shapes and mask: masks of the same shape in turn (causal,
     a window of 3 keys, causal again) each get their own."""
-    monkeypatch.setattr(dape, "TILE_PAIRS", 40)
+    monkeypatch.setattr(dape_torch, "TILE_PAIRS", 40)
     m = module(kind, "concat_residual", True)
     A, B, causal = maps(2, 9, 9, "shared", t0=0)
     i = torch.arange(9)
