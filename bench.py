@@ -1,13 +1,13 @@
 """
 What DAPE costs: training step time against the same model without DAPE, the DAPE modules alone against
-the paper's Appendix J written naively, and evaluation at long lengths. Prints a table per section and
-writes everything to a JSON file. Nothing is asserted on time; the issue's targets are evaluated and
-reported (met or not) at the end.
+dape.py's plain form (the paper's Appendix J), evaluation at long lengths, the GPU path, and the paper's
+Table 1. Prints a table of figures and ratios per section and writes everything to a JSON file.
 
 $ python bench.py                                   # every section at the CPU demo config
 $ python bench.py --quick                           # a tiny model, a few repeats: under a minute
 $ python bench.py --sections=train --pos=kerple,alibi --repeats=20
 $ python bench.py --size=125m --sections=gpu        # on a GPU: the paper's 125M, bf16, compile on/off
+$ python bench.py --sections=timing                 # Table 1: the paper's 350M, forward + backward
 
 Sections
 - train   one training step (forward + backward + AdamW step) for each pos x dape, all models measured
@@ -16,10 +16,9 @@ Sections
           ratios (paired rounds cancel slow drifts of a shared machine). Two "plain" baselines run in the
           same rounds: nanoGPT's attention written out (q.k^T * scale + bias, masked_fill, softmax, @ v)
           and scaled_dot_product_attention with the same float mask, both on the same model.
-- module  DAPE V1 and V2 alone on random logits A [batch, H, T, T] and bias B [H, T, T], forward +
-          backward: ours against a naive reference written like Appendix J (tile B over the batch,
-          concatenate, permute to channels-last, MLP or convs, permute back) with the same weights and
-          inputs. Mode `causal` is what attention does with them (mask, softmax); mode `full` is the
+- module  DAPE V1 and V2 alone on random logits A [batch, H, T, T] and bias [H, T, T], forward +
+          backward: the fast paths (dape_torch.py) against the naive plain form of dape.py (expand the
+          bias over the batch, concatenate, channels-last MLP or convs) with the same weights and inputs. Mode `causal` is what attention does with them (mask, softmax); mode `full` is the
           module's plain forward, unmasked. The output and every gradient are checked against the naive
           module run in float64 (`equal`: ours within 1e-4 of it, relative to each tensor's scale (its
           largest value, at least 1% of the largest of all), except at a 1e-5 fraction of elements at
@@ -30,9 +29,15 @@ Sections
 - eval    evaluation forward (loss on the last 256 tokens) at long lengths, batch 1: time per token
           and peak memory, with attention blocked over queries (automatic block size) and unblocked
           (one block) where the unblocked maps fit in --eval_unblocked_max_gb.
-- gpu     the training step at --gpu_size (the paper's 125M) in bf16 autocast, with and without
-          torch.compile. Without CUDA it runs its CPU fallback (tiny model, compile off unless
+- gpu     the training step at --gpu_size (the paper's 125M) in bf16 autocast for each T x batch of
+          --gpu_shapes, with and without torch.compile: the encoding without DAPE, DAPE through the fused
+          Triton kernel (v1, v2) and through the whole-map PyTorch path (v1:torch, v2:torch), ratios to
+          the encoding without DAPE, peak memory; then the evaluation forward at --gpu_eval_length.
+          Without CUDA it runs its CPU fallback (tiny model, PyTorch path, compile off unless
           --gpu_compile_on_cpu) so that the code path is exercised.
+- timing  the paper's Table 1: a fresh model per method (kerple, dape-kerple, dapev2-kerple, ...) at
+          each of --timing_lengths, forward + backward, and each method's total as a ratio to the first
+          method's. Default size: the paper's 350M (24 x 16 x 1024), batch 1.
 
 Peak memory. On CUDA: torch.cuda.max_memory_allocated during the call, above what was allocated before.
 On the CPU PyTorch keeps no such count, so we measure what the OS sees: the process's resident memory
@@ -74,7 +79,7 @@ from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
 # config (nanoGPT style: these globals are the defaults, overridden by config files and --key=value)
-sections = "train,module,eval,gpu"
+sections = "train,module,eval,gpu"  # also: timing (Table 1)
 quick = False  # a tiny model and few repeats: the whole run in under a minute
 size = "demo"  # demo (config/demo_cpu.py, what demo.sh trains), char (config/gutenberg_char_cpu.py), tiny, 125m
 n_layer = None  # None: from size
@@ -99,8 +104,20 @@ eval_lengths = "2048,8192"
 eval_repeats = 2
 eval_unblocked_max_gb = 4.0  # skip the unblocked evaluation when its attention maps would exceed this
 gpu_size = "125m"
-gpu_pos = "kerple,alibi"
+gpu_pos = "kerple"
+gpu_dape = "none,v1,v1:torch,v2,v2:torch"  # v1: dape_impl auto (the fused kernel on CUDA); v1:torch whole maps
+gpu_shapes = "512x8,512x32,1024x16,1024x32"  # T x batch
+gpu_eval_length = 8192
 gpu_compile_on_cpu = False
+timing_methods = "kerple,rope,t5,alibi,fire,dape-kerple,dapev2-kerple"  # the first is the ratios' reference
+timing_lengths = "512,1024,2048"
+timing_n_layer = 24  # the paper's 350M: 24 x 16 x 1024
+timing_n_head = 16
+timing_n_embd = 1024
+timing_batch_size = 1
+timing_backward = True  # forward + backward (a training step without the optimizer); False: forward only
+timing_dtype = "bfloat16"  # autocast on the GPU
+timing_repeats = 5
 threads = 0  # torch.set_num_threads; 0: PyTorch's default
 seed = 0
 out = "results/bench.json"
@@ -113,7 +130,8 @@ SIZES = {
 CONFIG_SIZES = {"demo": "demo_cpu.py", "char": "gutenberg_char_cpu.py"}
 SIZE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "batch_size")
 QUICK = dict(size="tiny", pos="alibi,kerple", repeats=3, warmup=1, module_lengths="128", module_repeats=2,
-             eval_lengths="256,512", eval_repeats=1, gpu_size="tiny")
+             eval_lengths="256,512", eval_repeats=1, gpu_size="tiny", timing_n_layer=2, timing_n_head=4,
+             timing_n_embd=64, timing_lengths="64,128", timing_repeats=2)
 
 
 def model_size(name, cfg=None):
@@ -282,53 +300,11 @@ def make_plain(model, sdpa):
     return model
 
 
-# -----------------------------------------------------------------------------
-# naive DAPE references, written like Appendix J
-
-
-class NaiveV1(nn.Module):
-    """Appendix J: tile the bias over the batch, concatenate, channels-last, MLP, back."""
-
-    def __init__(self, n_head, width):
-        super().__init__()
-        self.mlp = nn.Sequential(nn.Linear(2 * n_head, width), nn.LeakyReLU(), nn.Linear(width, n_head))
-
-    def forward(self, A, B, future=None):
-        from einops import rearrange, repeat
-        bias_tile = repeat(B, "h t s -> b h t s", b=A.shape[0])
-        x = torch.cat((A, bias_tile), dim=1)
-        x = rearrange(x, "b h t s -> b t s h")
-        x = self.mlp(x)
-        x = rearrange(x, "b t s h -> b h t s")
-        return A + B + x
-
-
-class NaiveV2(nn.Module):
-    """The same for V2: tile, concatenate, zero the future, conv, LeakyReLU, zero the future, conv."""
-
-    def __init__(self, n_head, width, kernel):
-        super().__init__()
-        self.conv1 = nn.Conv2d(2 * n_head, width, (1, kernel), padding=(0, kernel // 2))
-        self.conv2 = nn.Conv2d(width, n_head, (1, kernel), padding=(0, kernel // 2))
-
-    def forward(self, A, B, future=None):
-        from einops import repeat
-        x = torch.cat((A, repeat(B, "h t s -> b h t s", b=A.shape[0])), dim=1)
-        if future is not None:
-            x = x.masked_fill(future, 0.0)
-        h = F.leaky_relu(self.conv1(x), 0.01)
-        if future is not None:
-            h = h.masked_fill(future, 0.0)
-        return A + B + self.conv2(h)
-
-
-def module_call(mod, A, B, future, mode):
+def module_call(mod, A, bias, future, mode):
     """What the module computes in each mode: causal -> softmax(masked logits), full -> logits."""
     if mode == "full":  # as in a bidirectional encoder: no mask, nothing zeroed
-        return mod(A, B, None)
-    if hasattr(mod, "probs"):
-        return mod.probs(A, B, future)
-    return F.softmax(mod(A, B, future).masked_fill(future, float("-inf")), dim=-1)
+        return mod(A, bias, None)
+    return mod.probs(A, bias, future)
 
 
 # -----------------------------------------------------------------------------
@@ -336,9 +312,11 @@ def module_call(mod, A, B, future, mode):
 
 
 def new_model(sz, cfg, pos_name, dape_name, device="cpu", **kw):
+    """dape_name: none, v1, v2, or v1:torch / v1:triton (and v2's) to force dape_impl."""
+    dape_name, _, impl = dape_name.partition(":")
     gcfg = GPTConfig(block_size=sz["block_size"], vocab_size=cfg["vocab_size"], n_layer=sz["n_layer"],
                      n_head=sz["n_head"], n_embd=sz["n_embd"], dropout=0.0, pos=pos_name, dape=dape_name,
-                     dape_width=cfg["dape_width"], dape_kernel=cfg["dape_kernel"], **kw)
+                     dape_width=cfg["dape_width"], dape_kernel=cfg["dape_kernel"], dape_impl=impl or "auto", **kw)
     return GPT(gcfg).to(device)
 
 
@@ -378,7 +356,7 @@ def train_section(cfg, sz, device="cpu", autocast_dtype=None, compile_model=Fals
     times = interleaved(steps, cfg["repeats"], cfg["warmup"], device)
     rows = []
     for (p, d), ts in times.items():
-        base = times.get((p, "none"))
+        base = times.get((p, "none"))  # ratio: to the same encoding without DAPE, in the same rounds
         row = dict(pos=p, dape=d, ms=1e3 * statistics.median(ts), ms_min=1e3 * min(ts),
                    ratio=paired_ratio(ts, base) if base else None, ms_all=[round(1e3 * t, 2) for t in ts])
         rows.append(row)
@@ -396,11 +374,11 @@ def module_section(cfg, sz):
             for name in ("v1", "v2"):
                 torch.manual_seed(cfg["seed"])
                 ours = DAPEV1(H, D) if name == "v1" else DAPEV2(H, D, k)
-                naive = NaiveV1(H, D) if name == "v1" else NaiveV2(H, D, k)
                 with torch.no_grad():  # move the weights off their init so that f matters
                     for prm in ours.parameters():
                         prm.add_(0.3 * torch.randn_like(prm))
-                naive.load_state_dict(ours.state_dict())  # the state dicts interchange
+                naive = copy.deepcopy(ours)
+                naive.fast = False  # dape.py's plain form, as Appendix J writes it
                 A0, B0 = torch.randn(Bn, H, T, T), torch.randn(H, T, T)
                 future = torch.ones(T, T, dtype=torch.bool).triu(1)
                 fut = future if mode == "causal" else None
@@ -505,69 +483,108 @@ def print_eval(res):
 
 
 def gpu_section(cfg):
+    """Training steps in bf16 autocast for each shape of --gpu_shapes (T x batch), eager and compiled,
+    with DAPE fused (dape_triton.py) and on whole maps (dape_torch.py) beside the encoding without DAPE;
+    peak memory of each step; a shape that does not fit is reported as out of memory. Then the
+    evaluation forward at --gpu_eval_length, batch 1."""
     if torch.cuda.is_available():
         device, sz, compiles = "cuda", model_size(cfg["gpu_size"], None), (False, True)
-    else:  # the CPU fallback: the same code on a tiny model, so that it is exercised
+        dapes = [d for d in cfg["gpu_dape"].split(",")]
+        shapes = [tuple(int(v) for v in s.split("x")) for s in cfg["gpu_shapes"].split(",")]
+    else:  # the CPU fallback: the same code on a tiny model, so that it is exercised (no fused kernel)
         device, sz = "cpu", model_size("tiny", None)
         compiles = (False, True) if cfg["gpu_compile_on_cpu"] else (False,)
-    pos_list = cfg["gpu_pos"].split(",")
-    results = []
-    for compile_model in compiles:
-        res = train_section(cfg, sz, device, torch.bfloat16, compile_model, plain=False, pos_list=pos_list,
-                            label=f"gpu section on {device}")
-        for row in res["rows"]:
-            row["compiled"] = compile_model
-        if device == "cuda":  # peak memory of one step, each model
-            steps = train_steps(sz, cfg, pos_list, cfg["dape"].split(","), device, torch.bfloat16, compile_model,
-                                plain=False)
+        dapes = ["none", "v1:torch", "v2:torch"]
+        shapes = [(sz["block_size"], sz["batch_size"])]
+    rows = []
+    for T, batch in shapes:
+        shape = dict(sz, block_size=T, batch_size=batch)
+        for compile_model in compiles:
+            sub = dict(cfg, dape=",".join(dapes))
+            try:
+                res = train_section(sub, shape, device, torch.bfloat16, compile_model, plain=False,
+                                    pos_list=cfg["gpu_pos"].split(","),
+                                    label=f"gpu section on {device}, T={T} batch={batch}")
+            except torch.OutOfMemoryError:
+                rows.append(dict(T=T, batch=batch, compiled=compile_model, skipped="out of memory"))
+                torch.cuda.empty_cache()
+                continue
             for row in res["rows"]:
-                fn = steps[(row["pos"], row["dape"])]
-                fn()  # compile and allocate optimizer state outside the measurement
-                row["peak_mb"] = mb(peak_memory(fn, device)[0])
-            del steps
-        results.extend(res["rows"])
-    return dict(device=device, fallback=device != "cuda", size=sz, dtype="bfloat16", rows=results,
+                row.update(T=T, batch=batch, compiled=compile_model)
+            if device == "cuda":  # peak memory of one step, each model on its own
+                for row in res["rows"]:
+                    step = train_steps(shape, sub, [row["pos"]], [row["dape"]], device, torch.bfloat16,
+                                       compile_model, plain=False)[(row["pos"], row["dape"])]
+                    step()  # compile and allocate optimizer state outside the measurement
+                    row["peak_mb"] = mb(peak_memory(step, device)[1])
+                    del step
+                    torch.cuda.empty_cache()
+            rows.extend(res["rows"])
+    evals = []
+    if device == "cuda":
+        T = cfg["gpu_eval_length"]
+        for d in dapes:
+            torch.manual_seed(cfg["seed"])
+            model = new_model(sz, cfg, cfg["gpu_pos"].split(",")[0], d, device).eval()
+            x = torch.randint(0, cfg["vocab_size"], (1, T + 1), device=device)
+
+            def run(model=model, x=x):
+                with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
+                    model(x[:, :-1], x[:, 1:], last=256)
+            ts = interleaved({"eval": run}, cfg["eval_repeats"], 1, device)["eval"]
+            evals.append(dict(dape=d, T=T, ms=1e3 * statistics.median(ts), peak_mb=mb(peak_memory(run, device)[1])))
+            del model
+        base = next((e["ms"] for e in evals if e["dape"] == "none"), None)
+        for e in evals:
+            e["ratio"] = e["ms"] / base if base else None
+        table(f"gpu section: evaluation forward, batch 1, bf16", evals, ["dape", "T", "ms", "ratio", "peak_mb"])
+    table("gpu section: every training step (ratio: to the same encoding without DAPE, same T, batch, compile)",
+          rows, ["pos", "dape", "T", "batch", "compiled", "ms", "ratio", "peak_mb", "skipped"])
+    return dict(device=device, fallback=device != "cuda", size=sz, dtype="bfloat16", rows=rows, eval=evals,
                 gpu=torch.cuda.get_device_name() if device == "cuda" else None)
 
 
-# -----------------------------------------------------------------------------
-# targets (from the issue; reported, never asserted)
+def timing_section(cfg):
+    """The paper's Table 1: time of a forward (or, with --timing_backward, forward + backward) of a
+    fresh model for each method at each length, batch --timing_batch_size, in --timing_dtype autocast
+    on the GPU (float32 on the CPU), and each method's total over the lengths as a ratio to the first.
+    Methods: an encoding (kerple), dape-X (DAPE V1 on X) or dapev2-X."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = getattr(torch, cfg["timing_dtype"]) if device == "cuda" else None
+    lengths = [int(t) for t in cfg["timing_lengths"].split(",")]
+    sz = dict(n_layer=cfg["timing_n_layer"], n_head=cfg["timing_n_head"], n_embd=cfg["timing_n_embd"],
+              block_size=max(lengths), batch_size=cfg["timing_batch_size"])
+    methods = cfg["timing_methods"].split(",")
+    fns, rows = {}, []
+    for name in methods:
+        prefix, _, pos_name = name.rpartition("-")
+        dape_name = {"": "none", "dape": "v1", "dapev2": "v2"}.get(prefix)
+        if dape_name is None:
+            raise SystemExit(f"timing_methods: {name!r} is not an encoding, dape-<encoding> or dapev2-<encoding>")
+        torch.manual_seed(cfg["seed"])
+        model = new_model(sz, cfg, pos_name, dape_name, device).train(cfg["timing_backward"])
+        for T in lengths:
+            x = torch.randint(0, cfg["vocab_size"], (sz["batch_size"], T), device=device)
 
-
-def targets(res):
-    out = []
-
-    def add(name, value, limit, better="lower"):
-        if value is None:
-            return
-        met = value <= limit if better == "lower" else value >= limit
-        out.append(dict(target=name, value=round(value, 3), limit=limit, met=bool(met)))
-    train = {(r["pos"], r["dape"]): r for r in res.get("train", {}).get("rows", [])}
-    size = res["meta"]["config"]["size"]
-    if ("kerple", "v1") in train:
-        add(f"train ({size}): DAPE-Kerple (V1) step / Kerple step", train[("kerple", "v1")]["ratio"], 1.3)
-    if ("kerple", "v2") in train:
-        add(f"train ({size}): DAPE V2 (1x3)-Kerple step / Kerple step", train[("kerple", "v2")]["ratio"], 1.6)
-    for (p, d), r in train.items():
-        if d == "none" and (p, "plain-manual") in train:  # from the paired ratios plain / none
-            fastest_plain = min(train[(p, "plain-manual")]["ratio"], train[(p, "plain-sdpa")]["ratio"])
-            add(f"train: {p} without DAPE / plain attention (best of manual, sdpa)", 1 / fastest_plain, 1.05)
-    for r in res.get("module", {}).get("rows", []):
-        if r["module"] == "v1" and r["T"] == 512:
-            add(f"module V1 {r['mode']} T=512: speedup over naive", r["speedup"], 2.0, better="higher")
-            add(f"module V1 {r['mode']} T=512: peak memory / naive's", r["mem_ratio"], 0.5)
-    for r in res.get("module", {}).get("rows", []):
-        add(f"module {r['module']} {r['mode']} T={r['T']}: equal to the reference (float64)", float(r["equal"]), 1.0, "higher")
-    for r in res.get("eval", {}).get("rows", []):
-        if r["T"] == 8192 and r["dape"] != "none" and r["blocked"] and "peak_mb" in r:
-            add(f"eval {r['dape']} T=8192: peak memory of the forward (GB)", r["peak_mb"] / 1024, 2.0)
-    gpu = res.get("gpu", {})
-    if gpu and not gpu.get("fallback"):
-        rows = {(r["pos"], r["dape"], r["compiled"]): r for r in gpu["rows"]}
-        for c in (False, True):
-            if ("kerple", "v1", c) in rows:
-                add(f"gpu 125M bf16 {'compiled' if c else 'eager'}: DAPE-Kerple / Kerple", rows[("kerple", "v1", c)]["ratio"], 1.18)
-    return out
+            def run(model=model, x=x):
+                with torch.autocast(device, dtype or torch.float32, enabled=dtype is not None):
+                    if not cfg["timing_backward"]:
+                        with torch.no_grad():
+                            return model(x, x)
+                    _, loss = model(x, x)
+                loss.backward()
+                model.zero_grad(set_to_none=True)
+            fns[(name, T)] = run
+    times = interleaved(fns, cfg["timing_repeats"], cfg["warmup"], device)
+    total = {m: sum(statistics.median(times[(m, T)]) for T in lengths) for m in methods}
+    for m in methods:
+        row = {"method": m, **{f"{T}_ms": 1e3 * statistics.median(times[(m, T)]) for T in lengths}}
+        row.update(total_ms=1e3 * total[m], ratio=total[m] / total[methods[0]])
+        rows.append(row)
+    table(f"timing (Table 1): {'forward + backward' if cfg['timing_backward'] else 'forward'}, {sz}, "
+          f"{device}{' ' + cfg['timing_dtype'] if dtype else ''}; ratio to {methods[0]}",
+          rows, ["method"] + [f"{T}_ms" for T in lengths] + ["total_ms", "ratio"])
+    return dict(device=device, size=sz, rows=rows)
 
 
 def main(argv=None):
@@ -581,9 +598,9 @@ def main(argv=None):
         torch.set_num_threads(cfg["threads"])
     sz = model_size(cfg["size"], cfg)
     wanted = cfg["sections"].split(",")
-    unknown = set(wanted) - {"train", "module", "eval", "gpu"}
+    unknown = set(wanted) - {"train", "module", "eval", "gpu", "timing"}
     if unknown:
-        raise SystemExit(f"unknown section(s) {sorted(unknown)}: choose from train, module, eval, gpu")
+        raise SystemExit(f"unknown section(s) {sorted(unknown)}: choose from train, module, eval, gpu, timing")
     res = dict(meta=dict(torch=torch.__version__, python=platform.python_version(), threads=torch.get_num_threads(),
                          cpu=platform.processor() or platform.machine(), cuda=torch.cuda.is_available(),
                          loadavg_start=os.getloadavg(), started=time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -598,6 +615,8 @@ def main(argv=None):
         res["eval"] = eval_section(cfg, sz)
     if "gpu" in wanted:
         res["gpu"] = gpu_section(cfg)
+    if "timing" in wanted:
+        res["timing"] = timing_section(cfg)
     res["meta"]["memory_returned_to_os"] = run_memory_jobs()
     for row in res.get("module", {}).get("rows", []):
         row.pop("naive_bytes", None)
@@ -605,9 +624,7 @@ def main(argv=None):
         print_module(res["module"])
     if "eval" in res:
         print_eval(res["eval"])
-    res["targets"] = targets(res)
     res["meta"].update(loadavg_end=os.getloadavg(), seconds=round(time.time() - t0, 1))
-    table("targets (from the issue; measured here, not asserted)", res["targets"], ["target", "value", "limit", "met"])
     if cfg["out"]:
         os.makedirs(os.path.dirname(os.path.abspath(cfg["out"])), exist_ok=True)
         with open(cfg["out"], "w") as f:

@@ -65,7 +65,7 @@ def _channel_mix(w, x):
 
 def whole_f(x, y, future, w1, b1, w2, b2, zero_future, slope):
     """f(cat(x, y)) on whole maps: [B, H, Tq, Tk]; zero_future: zero `future` before each layer (V2)."""
-    if w1.shape[-1] == 1 and not zero_future:  # V1: the maps flat, [..., C, Tq Tk], each layer one product over the channels
+    if w1.shape[-1] == 1 and not zero_future:  # V1: flat maps [..., C, Tq Tk], a layer one product over C
         C, pairs = x.shape[-3], x.shape[-2:]
         h = _channel_mix(w1[:, :C, 0], x.flatten(-2))  # [B, D, Tq Tk]
         # b1 and y's half (computed once for the batch when y has no batch axis), then the activation, in

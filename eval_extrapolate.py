@@ -1,13 +1,12 @@
 """
 Length extrapolation: perplexity of trained checkpoints at evaluation lengths beyond the training
-length, as in the DAPE paper (§4, Figure 2, Table 5), plus Table 1's timing.
+length, as in the DAPE paper (§4, Figure 2, Table 5). Table 1's timing is bench.py's `timing` section.
 
     python eval_extrapolate.py out/kerple out/dape_kerple                 # one row per checkpoint
     python eval_extrapolate.py out/kerple_s* out/dape_kerple_s*           # seeds grouped, p-values
     python eval_extrapolate.py out/kerple --lengths=512,1024,8192 --num_windows=64
-    python eval_extrapolate.py --timing --n_layer=24 --n_head=16 --n_embd=1024 --timing_lengths=512,1024
 
-Protocol (paper §4 "Datasets" and Appendix, "the last 256 tokens"; specs/positional.md):
+Protocol (paper §4 "Datasets" and Appendix, "the last 256 tokens"; docs/evaluation.md):
 - For an evaluation length L, a window is L+1 consecutive tokens of the validation split. The model
   reads the whole window's first L tokens, and only the last K = `eval_tokens` (256) targets are
   scored (all L of them when L < K).
@@ -28,25 +27,26 @@ Protocol (paper §4 "Datasets" and Appendix, "the last 256 tokens"; specs/positi
 - The data must be in the tokenizer the model was trained with; a mismatch is an error.
 
 Outputs (`out_dir`, default results/): results.json (everything, including per-window losses),
-results.md, results.csv and ppl_vs_length.png (Figure 2 for your runs). `--timing` writes timing.json
-and timing.md instead.
+results.md, results.csv and ppl_vs_length.png (Figure 2 for your runs).
 """
 
+import csv
 import dataclasses
 import json
 import math
 import os
 import sys
 import time
-from contextlib import nullcontext
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from configurator import check_device
-
-ROOT = os.path.dirname(os.path.abspath(__file__))
+from common import (InputError, autocast, find_checkpoints, find_data_dir, load_run, load_val, pick_device,
+                    pick_dtype, resolve_data_dir, training_data_dirs)
+from configurator import ConfigError, configure
+from model import GPTConfig
+from tokenizer import GPT2_VOCAB_SIZE, load_meta, tokenizer_of_vocab
 
 # -----------------------------------------------------------------------------
 # configuration: module globals are the defaults; bare arguments that are checkpoints (a directory or a
@@ -67,24 +67,7 @@ dtype = 'auto'           # auto: bfloat16 autocast on a GPU that supports it, el
 out_dir = 'results'
 plot = True
 pairs = ''               # explicit comparisons 'dape-kerple:kerple,...'; '' -> every DAPE-X with its X
-# timing mode (Table 1): fresh models, forward time per positional encoding
-timing = False
-timing_methods = 'rope,t5,alibi,kerple,fire,dape-kerple'  # pos names; dape-X = DAPE V1 on X, dapev2-X = V2
-timing_lengths = '256,512'
-n_layer = 2              # model size for timing (paper: 350M = 24 x 16 x 1024)
-n_head = 4
-n_embd = 128
-timing_vocab = 50304
-timing_block_size = 512
-timing_batch_size = 1
-timing_warmup = 1
-timing_repeats = 3
-timing_backward = False  # True: time forward + backward (a training step without the optimizer)
 config_keys = [k for k in globals() if k not in _names_before_config and not k.startswith('_')]
-
-
-class EvalError(ValueError):
-    """A problem with the user's input (checkpoint, data, options), reported without a traceback."""
 
 
 # -----------------------------------------------------------------------------
@@ -99,103 +82,31 @@ def split_argv(argv):
         if not a.startswith('-') and (os.path.isdir(a) or a.endswith('.pt')):
             paths.append(a)
         elif not a.startswith('-') and not a.endswith('.py'):
-            raise EvalError(f"no checkpoint at '{a}' (give an out_dir holding ckpt.pt, a .pt file, or a "
+            raise InputError(f"no checkpoint at '{a}' (give an out_dir holding ckpt.pt, a .pt file, or a "
                             f"config/*.py file)")
         else:
             rest.append(a)
     return paths, rest
 
 
-def find_checkpoints(paths):
-    """ckpt.pt files for the given paths: a .pt file, a directory holding ckpt.pt, or a directory whose
-    immediate subdirectories hold ckpt.pt (e.g. out/ with out/kerple_s1, out/kerple_s2, ...)."""
-    found = []
-    for p in paths:
-        if os.path.isfile(p):
-            found.append(p)
-        elif os.path.isfile(os.path.join(p, 'ckpt.pt')):
-            found.append(os.path.join(p, 'ckpt.pt'))
-        elif os.path.isdir(p):
-            subs = sorted(os.path.join(p, d, 'ckpt.pt') for d in os.listdir(p)
-                          if os.path.isfile(os.path.join(p, d, 'ckpt.pt')))
-            if not subs:
-                raise EvalError(f"no checkpoint in '{p}': neither {p}/ckpt.pt nor {p}/*/ckpt.pt exists; "
-                                f"train one first (python train.py ... --out_dir={p})")
-            found += subs
-        else:
-            raise EvalError(f"no checkpoint at '{p}'; train one first (python train.py ... --out_dir={p})")
-    return found
-
-
 def parse_ints(text, key):
     try:
         values = [int(v) for v in str(text).replace(' ', '').split(',') if v]
     except ValueError:
-        raise EvalError(f"--{key} takes comma-separated integers, got {text!r}") from None
+        raise InputError(f"--{key} takes comma-separated integers, got {text!r}") from None
     if any(v < 1 for v in values):
-        raise EvalError(f"--{key} values must be positive, got {text!r}")
+        raise InputError(f"--{key} values must be positive, got {text!r}")
     return values
-
-
-def pick_device(name):
-    """--device as a torch device name, 'auto' resolved; one this machine lacks is an error."""
-    if name == 'auto':
-        return 'cuda' if torch.cuda.is_available() else 'cpu'
-    check_device(name)
-    return name
-
-
-def autocast_context(device_name, dtype_name):
-    device_type = 'cuda' if 'cuda' in device_name else 'cpu'
-    if dtype_name == 'auto':
-        dtype_name = 'bfloat16' if device_type == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
-    if dtype_name == 'float32':
-        return nullcontext()
-    dt = {'bfloat16': torch.bfloat16, 'float16': torch.float16}.get(dtype_name)
-    if dt is None:
-        raise EvalError(f"--dtype must be auto, float32, bfloat16 or float16, got {dtype_name!r}")
-    return torch.autocast(device_type=device_type, dtype=dt)
 
 
 # -----------------------------------------------------------------------------
 # checkpoints and their data
 
 
-def training_data_dirs(ckpt):
-    """Where the checkpoint's training data may be, from train.py's config: data_root/dataset."""
-    cfg = ckpt.get('config') or {}
-    name = ckpt.get('dataset') or cfg.get('dataset')
-    candidates = [d for d in (cfg.get('data_dir'), name and os.path.join(cfg.get('data_root') or 'data', name),
-                              name and os.path.join('data', name)) if d]
-    return list(dict.fromkeys(candidates))
-
-
-def find_data_dir(candidates, filename):
-    for d in candidates:
-        for base in ('', ROOT):  # relative to the working directory, then to the repository
-            path = os.path.join(base, d)
-            if os.path.isfile(os.path.join(path, filename)):
-                return path
-    return None
-
-
-def resolve_data_dir(ckpt, override=''):
-    """The validation data of a checkpoint: --data_dir, else train.py's data_root/dataset."""
-    candidates = [override] if override else training_data_dirs(ckpt)
-    if not candidates:
-        raise EvalError("the checkpoint does not say which dataset it was trained on; pass --data_dir=data/<name>")
-    path = find_data_dir(candidates, 'val.bin')
-    if path is None:
-        raise EvalError(f"validation data not found: no val.bin in {' or '.join(candidates)}; prepare the dataset "
-                        f"(python data/<name>/prepare.py) or pass --data_dir=")
-    return path
-
-
 def training_tokenizer(ckpt, vocab_size):
     """(tokenizer, how we know) for the data a checkpoint was trained on: its dataset's meta.json when
     that is on this machine, else the vocabulary as sample.py reads it (256: bytes, >= 50257: GPT-2
     BPE, whose size train.py only pads upwards); (None, '') when neither tells."""
-    from tokenizer import GPT2_VOCAB_SIZE, load_meta, tokenizer_of_vocab
     path = find_data_dir(training_data_dirs(ckpt), 'meta.json')
     if path is not None:
         try:
@@ -213,36 +124,13 @@ def check_data_fits(run, meta):
     one it was trained with (which runs, but scores a meaningless perplexity)."""
     vocab = run['model_args']['vocab_size']
     if meta['vocab_size'] > vocab:
-        raise EvalError(f"{run['label']}: the data's vocabulary ({meta['vocab_size']}, {meta['tokenizer']}) is "
+        raise InputError(f"{run['label']}: the data's vocabulary ({meta['vocab_size']}, {meta['tokenizer']}) is "
                         f"larger than the model's ({vocab}): wrong dataset? pass --data_dir=")
     tok, how = run['tokenizer'], run['tokenizer_from']
     if tok is not None and tok != meta['tokenizer']:
-        raise EvalError(f"{run['label']} ({run['path']}) was trained on '{tok}' tokens ({how}), but {run['data_dir']} "
+        raise InputError(f"{run['label']} ({run['path']}) was trained on '{tok}' tokens ({how}), but {run['data_dir']} "
                         f"holds '{meta['tokenizer']}' tokens: its perplexity there would be meaningless; pass "
                         f"--data_dir= with a '{tok}' dataset, or leave it out to use the training data")
-
-
-def load_val(path):
-    from tokenizer import load_meta
-    meta = load_meta(path)
-    data = np.memmap(os.path.join(path, 'val.bin'), dtype=np.dtype(meta['dtype']), mode='r')
-    return data, meta
-
-
-def load_run(path, dev):
-    from model import load_checkpoint
-    try:
-        # read onto the CPU, then move: a device problem is then never reported as a bad file
-        model, ckpt = load_checkpoint(path, 'cpu')
-    except FileNotFoundError as e:
-        raise EvalError(str(e)) from e
-    except (ValueError, TypeError) as e:  # unreadable file, or model_args this model.py rejects
-        raise EvalError(f"cannot load {path}: {e}") from e
-    if not model.config.causal:
-        raise EvalError(f"{path} holds a bidirectional model (causal=False, a CHE encoder?): perplexity needs "
-                        f"a causal language model; evaluate it with che_tasks.py")
-    model.to(dev).eval()
-    return model, ckpt
 
 
 # -----------------------------------------------------------------------------
@@ -267,7 +155,7 @@ def window_ends(n_tokens, longest, K, n_windows, seed):
     the end of the split, so that the scored stretches data[e-K+1:e+1] of two windows never overlap.
     The same ends serve every length and every checkpoint."""
     if longest + 1 > n_tokens:
-        raise EvalError(f"a window of {longest + 1} tokens does not fit in {n_tokens} validation tokens")
+        raise InputError(f"a window of {longest + 1} tokens does not fit in {n_tokens} validation tokens")
     candidates = np.arange(n_tokens - 1, longest - 1, -K)
     rng = np.random.default_rng(seed)
     n = min(n_windows, len(candidates))
@@ -348,8 +236,8 @@ def evaluate_run(model, data, meta, ends, eval_lengths, K, cfg, dev, ctx, name='
 # settings, labels, groups
 
 
-# model_args that do not change the function a checkpoint computes (the size of attention's query blocks)
-SAME_FUNCTION = ('attn_chunk',)
+# model_args that do not change the function a checkpoint computes (attention's query blocks, DAPE's kernel)
+SAME_FUNCTION = ('attn_chunk', 'dape_impl')
 # train.py config keys that do not change what is trained: where runs read and write, how often they
 # log, evaluate and save, on what hardware and how fast; and the seed, which is what a group varies
 # over. Every other key tells two runs apart, also keys train.py gains later: averaging over a new
@@ -364,7 +252,6 @@ DAPE_KEYS = ('dape', 'dape_variant', 'dape_width', 'dape_kernel')
 def training_setting(ckpt):
     """The training options of a checkpoint that change what is trained (lr, steps, batch, data, ...),
     or None for a checkpoint saved without its config."""
-    from model import GPTConfig
     conf = ckpt.get('config')
     if not conf:
         return None
@@ -553,15 +440,15 @@ def parse_pairs(text, labels):
     for pair in split_pairs(text):
         splits = [(pair[:i], pair[i + 1:]) for i, ch in enumerate(pair) if ch == ':' and 0 < i < len(pair) - 1]
         if not splits:
-            raise EvalError(f"--pairs: {pair!r} is not 'dape_label:baseline_label' (pairs are separated by ','); "
+            raise InputError(f"--pairs: {pair!r} is not 'dape_label:baseline_label' (pairs are separated by ','); "
                             f"the labels are {known}")
         found = [(a, b) for a, b in splits if a in known and b in known]
         if len(found) != 1:
             missing = [x for x in splits[0] if x not in known]
-            raise EvalError(f"--pairs: {pair!r}: " + (f"no run is labelled {missing}" if missing else
+            raise InputError(f"--pairs: {pair!r}: " + (f"no run is labelled {missing}" if missing else
                             "ambiguous") + f"; the labels are {known} (see --labels to name runs yourself)")
         if found[0][0] == found[0][1]:
-            raise EvalError(f"--pairs: {pair!r} compares {found[0][0]!r} with itself")
+            raise InputError(f"--pairs: {pair!r} compares {found[0][0]!r} with itself")
         out += found
     return out
 
@@ -642,12 +529,16 @@ def pvalue_table(comparisons, eval_lengths, markdown=False):
     header = ['DAPE-X vs X'] + [str(L) for L in eval_lengths]
     rows = []
     for c in comparisons:
-        row = [f"{c['label']} vs {c['baseline']}"]
+        row = [f"{c['label']} vs {c['baseline']}" + (' (!)' if c.get('unequal_training') else '')]
         for L in eval_lengths:
             s = c['p_value'][L]
             row.append(s['status'] if s['status'] != 'ok' else f"{s['p']:.3g}")
         rows.append(row)
-    return format_table(header, rows, markdown)
+    table = format_table(header, rows, markdown)
+    if any(c.get('unequal_training') for c in comparisons):
+        table += '\n\n(!) the two models were not trained for as long as each other: ' + '; '.join(
+            f"{c['label']} vs {c['baseline']}: {c['unequal_training']}" for c in comparisons if c.get('unequal_training'))
+    return table
 
 
 def protocol_text(protocol):
@@ -673,15 +564,18 @@ def jsonable(obj):
     return obj
 
 
-def write_outputs(out, protocol, runs, groups, comparisons, eval_lengths, make_plot=True):
+def write_outputs(out, protocol, runs, groups, comparisons, eval_lengths, make_plot=True, notes=()):
     os.makedirs(out, exist_ok=True)
     has_bpb = any(g['bpb'][L]['status'] == 'ok' for g in groups for L in eval_lengths)
     result = {'protocol': protocol, 'lengths': eval_lengths, 'runs': runs, 'groups': groups,
-              'comparisons': comparisons}
+              'comparisons': comparisons, 'notes': list(notes)}
     with open(os.path.join(out, 'results.json'), 'w') as f:
         json.dump(jsonable(result), f, indent=1, allow_nan=False)
 
-    md = ['# Length extrapolation', '', protocol_text(protocol), '', '## Perplexity', '',
+    md = ['# Length extrapolation', '', protocol_text(protocol), '']
+    if notes:
+        md += ['## Notes', ''] + [f"- {n}" for n in notes] + ['']
+    md += ['## Perplexity', '',
           group_table(groups, 'ppl', eval_lengths, markdown=True), '']
     if has_bpb:
         md += ['## Bits per byte', '', group_table(groups, 'bpb', eval_lengths, markdown=True), '']
@@ -692,7 +586,6 @@ def write_outputs(out, protocol, runs, groups, comparisons, eval_lengths, make_p
     with open(os.path.join(out, 'results.md'), 'w') as f:
         f.write('\n'.join(md))
 
-    import csv
     with open(os.path.join(out, 'results.csv'), 'w', newline='') as f:
         w = csv.writer(f)
         w.writerow(['run', 'model', 'seed', 'metric'] + [str(L) for L in eval_lengths])
@@ -709,134 +602,153 @@ def write_outputs(out, protocol, runs, groups, comparisons, eval_lengths, make_p
         plot_ppl(groups, eval_lengths, protocol, os.path.join(out, 'ppl_vs_length.png'))
 
 
+def curve_colors(n):
+    """n colours that tell n curves apart at a glance: tab10's, or evenly spaced hues beyond ten."""
+    import matplotlib
+    if n <= 10:
+        return [matplotlib.colormaps['tab10'](i) for i in range(n)]
+    return [matplotlib.colormaps['hsv'](i / n) for i in range(n)]
+
+
+def ppl_ticks(lo, hi):
+    """Tick values for a log perplexity axis from lo to hi: a narrow range (as in a zoom) gets evenly
+    spaced round numbers, a wide one 1, 2, 5 x 10^k, so that every axis shows a few plain numbers."""
+    from matplotlib.ticker import LogLocator, MaxNLocator
+    if hi / lo < 3:
+        ticks = MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]).tick_values(lo, hi)
+    else:
+        ticks = LogLocator(subs=(1, 2, 5)).tick_values(lo, hi)
+        if sum(lo <= t <= hi for t in ticks) < 3:
+            ticks = LogLocator(subs=(1, 1.5, 2, 3, 4, 5, 6, 8)).tick_values(lo, hi)
+    return [t for t in ticks if lo <= t <= hi]
+
+
 def plot_ppl(groups, eval_lengths, protocol, path):
-    """Figure 2 for these runs: perplexity against evaluation length (log x), one line per model
-    (mean, with std error bars where there are several seeds), training lengths marked."""
+    """Figure 2 for these runs: perplexity (log axis) against evaluation length (log2 axis, also as
+    multiples of the training length), one colour per model, mean with a band and error bars of one std
+    where there are several seeds. When some curves rise far above the others (RoPE past its training
+    length), a second panel zooms on those that stay within 2x of the best perplexity, where the
+    differences between similar encodings (X against DAPE-X) are. Returns the figure."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    all_vals, colors, handles = [], {}, []
+    curves = []  # (label, dape, xs, means, stds)
     for g in groups:
         pts = [(L, g['ppl'][L]) for L in eval_lengths if g['ppl'][L]['status'] == 'ok']
-        if not pts:
-            continue
-        xs = [L for L, _ in pts]
-        ys = [s['mean'] for _, s in pts]
-        errs = [s['std'] or 0.0 for _, s in pts]
-        all_vals += ys
-        # DAPE-X and X share a colour so that pairs read at a glance; X dashed with circles, DAPE V1
-        # solid with squares, V2 dash-dotted with triangles
-        color = colors.setdefault(plain_setting(g), f"C{len(colors) % 10}")
-        style, marker = {'none': ('--', 'o'), 'v1': ('-', 's'), 'v2': ('-.', '^')}[g['model_args'].get('dape', 'none')]
-        label = g['label'] + (f" (n={g['n']})" if g['n'] > 1 else '')
-        if any(errs):
-            h = ax.errorbar(xs, ys, yerr=errs, marker=marker, ms=4, linestyle=style, color=color, capsize=3)
-        else:
-            (h,) = ax.plot(xs, ys, marker=marker, ms=4, linestyle=style, color=color)
-        handles.append((h, label))
-    for i, b in enumerate(sorted({g['block_size'] for g in groups})):
-        h = ax.axvline(b, color='grey', linestyle=':', linewidth=1.2)
-        if i == 0:
-            handles.append((h, 'training length'))
-    ax.set_xscale('log', base=2)
-    ax.set_xticks(eval_lengths)
-    ax.set_xticklabels([str(L) for L in eval_lengths], rotation=0 if len(eval_lengths) < 8 else 45)
-    if all_vals and max(all_vals) / min(all_vals) > 10:
+        if pts:
+            curves.append((g['label'] + (f" (n={g['n']})" if g['n'] > 1 else ''), g['model_args'].get('dape', 'none'),
+                           [L for L, _ in pts], [s['mean'] for _, s in pts], [s['std'] or 0.0 for _, s in pts]))
+    best = min((min(m) for *_, m, _ in curves), default=1.0)
+    near = [c for c in curves if max(c[3]) <= 2 * best]
+    panels = [(curves, 'all models')] + ([(near, 'zoom on the models within 2x of the best (same colours)')]
+                                         if 0 < len(near) < len(curves) else [])
+    blocks = sorted({g['block_size'] for g in groups})
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8), squeeze=False)
+    # the colour tells the models apart; the line style and marker say which DAPE, if any (X dashed
+    # with circles, DAPE V1 solid with squares, V2 dash-dotted with triangles)
+    color = dict(zip([c[0] for c in curves], curve_colors(len(curves))))
+    styles = {'none': ('--', 'o'), 'v1': ('-', 's'), 'v2': ('-.', '^')}
+    for ax, (shown, title) in zip(axes[0], panels):
+        for label, dape, xs, ys, errs in shown:
+            style, marker = styles.get(dape, ('-', 'D'))
+            ax.plot(xs, ys, linestyle=style, marker=marker, ms=4, color=color[label], label=label)
+            if any(errs):
+                lo_, hi_ = [y - e for y, e in zip(ys, errs)], [y + e for y, e in zip(ys, errs)]
+                ax.fill_between(xs, lo_, hi_, color=color[label], alpha=0.15, linewidth=0)
+                ax.errorbar(xs, ys, yerr=errs, fmt='none', ecolor=color[label], capsize=3)
+        for i, b in enumerate(blocks):
+            ax.axvline(b, color='grey', linestyle=':', linewidth=1.2, label='training length' if i == 0 else None)
+        ax.set_xscale('log', base=2)
+        ax.xaxis.set_major_locator(FixedLocator(eval_lengths))
+        ax.xaxis.set_minor_locator(NullLocator())
+        # one training length: each length is also read as a multiple of it (1x, 2x, ... 16x)
+        ax.set_xticklabels([f"{L}\n{L / blocks[0]:g}x" if len(blocks) == 1 else str(L) for L in eval_lengths],
+                           rotation=0 if len(eval_lengths) < 8 else 45, fontsize=8)
         ax.set_yscale('log')
+        values = [v for *_, ys, errs in shown for y, e in zip(ys, errs) for v in (y - e, y + e)]
+        if values:
+            lo, hi = min(values), max(values)
+            pad = (hi / lo) ** 0.06 if hi > lo else 1.02
+            ax.set_ylim(lo / pad, hi * pad)
+            ax.yaxis.set_major_locator(FixedLocator(ppl_ticks(lo / pad, hi * pad)))
+            ax.yaxis.set_minor_locator(NullLocator())
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.set_xlabel('evaluation length (tokens' + (' and multiple of the training length)' if len(blocks) == 1
+                                                     else ')'))
         ax.set_ylabel('perplexity (log scale)')
-    else:
-        ax.set_ylabel('perplexity')
-    ax.set_xlabel('evaluation length (tokens)')
-    ax.set_title(f"Perplexity of the last {protocol['eval_tokens']} tokens vs evaluation length\n"
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, which='major', alpha=0.3)
+    axes[0][0].legend(fontsize=8)  # the zoom has the same colours; a legend there would hide its curves
+    fig.suptitle(f"Perplexity of the last {protocol['eval_tokens']} tokens vs evaluation length "
                  f"({protocol['num_windows']} windows per length; lower is better)", fontsize=10)
-    ax.grid(True, which='major', alpha=0.3)
-    ax.legend(*zip(*handles), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
+    return fig
 
 
 # -----------------------------------------------------------------------------
-# timing (Table 1)
+# how long the compared runs were trained
 
 
-def parse_method(name):
-    """'kerple' -> (kerple, none); 'dape-kerple' -> (kerple, v1); 'dapev2-kerple' -> (kerple, v2)."""
-    for prefix, dape in (('dapev2-', 'v2'), ('dape-', 'v1')):
-        if name.startswith(prefix):
-            return name[len(prefix):], dape
-    return name, 'none'
+def tokens_seen(ckpt):
+    """Training tokens a checkpoint has seen (iterations x sequences per step x training length), or None
+    for a checkpoint saved without its config."""
+    conf = ckpt.get('config') or {}
+    per_step = [conf.get(k) for k in ('batch_size', 'gradient_accumulation_steps')]
+    if ckpt.get('iter_num') is None or None in per_step:
+        return None
+    return ckpt['iter_num'] * per_step[0] * per_step[1] * ckpt['model_args']['block_size']
 
 
-def run_timing(cfg):
-    from model import GPT, GPTConfig
-    dev = pick_device(cfg['device'])
-    ctx = autocast_context(dev, cfg['dtype'])
-    methods = [m for m in cfg['timing_methods'].replace(' ', '').split(',') if m]
-    t_lengths = parse_ints(cfg['timing_lengths'], 'timing_lengths')
-    sync = torch.cuda.synchronize if 'cuda' in dev else (lambda: None)
-    print(f"timing on {dev}: {cfg['n_layer']} layers x {cfg['n_head']} heads x {cfg['n_embd']}, batch "
-          f"{cfg['timing_batch_size']}, {'forward + backward' if cfg['timing_backward'] else 'forward'}, "
-          f"median of {cfg['timing_repeats']} after {cfg['timing_warmup']} warm-up")
-    ms = {}
-    for name in methods:
-        pos, dape = parse_method(name)
-        try:
-            model = GPT(GPTConfig(block_size=cfg['timing_block_size'], vocab_size=cfg['timing_vocab'],
-                                  n_layer=cfg['n_layer'], n_head=cfg['n_head'], n_embd=cfg['n_embd'],
-                                  pos=pos, dape=dape)).to(dev)
-        except ValueError as e:
-            raise EvalError(f"--timing_methods: {name!r}: {e}") from e
-        model.train(cfg['timing_backward'])  # dropout is 0: train mode only changes which path autograd takes
-        torch.manual_seed(cfg['seed'])
-        ms[name] = {}
-        for L in t_lengths:
-            if pos == 'learned' and L > cfg['timing_block_size']:
-                ms[name][L] = None
-                continue
-            x = torch.randint(cfg['timing_vocab'], (cfg['timing_batch_size'], L), device=dev)
-            times = []
-            for i in range(cfg['timing_warmup'] + cfg['timing_repeats']):
-                sync()
-                t0 = time.perf_counter()
-                if cfg['timing_backward']:
-                    with ctx:
-                        _, loss = model(x, x)
-                    loss.backward()
-                    model.zero_grad(set_to_none=True)
-                else:
-                    with torch.no_grad(), ctx:
-                        model(x, x)
-                sync()
-                if i >= cfg['timing_warmup']:
-                    times.append((time.perf_counter() - t0) * 1000)
-            ms[name][L] = float(np.median(times))
-            print(f"  {name:<16} L={L:<6} {ms[name][L]:10.2f} ms", flush=True)
-        del model
-    ref = 'dape-kerple' if 'dape-kerple' in ms else methods[-1]
-    total = {m: (sum(v for v in ms[m].values()) if all(v is not None for v in ms[m].values()) else None) for m in ms}
-    header = ['method'] + [f"{L} (ms)" for L in t_lengths] + ['total (ms)', f'ratio to {ref}']
-    rows = [[m] + [f"{ms[m][L]:.2f}" if ms[m][L] is not None else 'n/a: learned' for L in t_lengths] +
-            ([f"{total[m]:.2f}", f"{total[m] / total[ref]:.4f}"] if total[m] is not None and total[ref] else ['n/a', 'n/a'])
-            for m in methods]
-    print('\n' + format_table(header, rows))
-    out = cfg['out_dir']
-    os.makedirs(out, exist_ok=True)
-    info = {k: cfg[k] for k in cfg if k.startswith('timing') or k in ('n_layer', 'n_head', 'n_embd', 'dtype')}
-    info['device'] = dev if 'cuda' not in dev else torch.cuda.get_device_name()
-    with open(os.path.join(out, 'timing.json'), 'w') as f:
-        json.dump(jsonable({'setup': info, 'reference': ref, 'ms': ms, 'total_ms': total,
-                            'ratio': {m: (total[m] / total[ref] if total[m] and total[ref] else None) for m in ms}}),
-                  f, indent=1)
-    with open(os.path.join(out, 'timing.md'), 'w') as f:
-        f.write(f"# Time cost (Table 1)\n\n{'forward + backward' if cfg['timing_backward'] else 'Forward'} time "
-                f"on {info['device']}, {cfg['n_layer']} layers x {cfg['n_head']} heads x {cfg['n_embd']}, "
-                f"batch {cfg['timing_batch_size']}, median of {cfg['timing_repeats']}.\n\n"
-                + format_table(header, rows, markdown=True) + '\n')
-    print(f"wrote {out}/timing.json, {out}/timing.md")
-    return ms
+def per_label(runs, key):
+    """{label: the distinct values of run[key] among its runs}, leaving out None (not recorded)."""
+    out = {}
+    for r in runs:
+        out.setdefault(r['label'], set())
+        if r.get(key) is not None:
+            out[r['label']].add(r[key])
+    return out
+
+
+def unequal_training(runs):
+    """Why these runs (of one or more labels) were not trained for as long as each other, or None:
+    different iterations or tokens seen, or a checkpoint saved before its own max_iters."""
+    why = []
+    for key, what in (('iter_num', 'iterations'), ('tokens_seen', 'tokens seen')):
+        if len(set().union(*per_label(runs, key).values())) > 1:
+            why.append(f"different {what}")
+    if any(r.get('max_iters') is not None and r['iter_num'] is not None and r['iter_num'] < r['max_iters']
+           for r in runs):
+        why.append('stopped before max_iters')
+    return ', '.join(why) or None
+
+
+def training_notes(runs):
+    """Notes on runs that are compared but were not trained alike for as long: the seeds of one label
+    saved at different iterations, labels trained for different iterations or tokens, and checkpoints
+    saved before their own max_iters (an interrupted run, or the best-val-loss checkpoint)."""
+    notes = []
+    iters = per_label(runs, 'iter_num')
+    for lab in iters:
+        saved = [r['iter_num'] for r in runs if r['label'] == lab]
+        if len(set(saved)) > 1:  # seeds of one training, but not all at its end
+            notes.append(f"the runs of {lab} were saved at different iterations {saved}")
+    if len(iters) > 1:
+        for key, what in (('iter_num', 'iterations'), ('tokens_seen', 'tokens')):
+            values = per_label(runs, key)
+            if len(set().union(*values.values())) > 1:
+                listed = ', '.join(f"{lab} {'/'.join(f'{v:,}' for v in sorted(vs)) or '?'}"
+                                   for lab, vs in values.items())
+                notes.append(f"the compared models were trained for different numbers of {what}: {listed}")
+    for r in runs:
+        if r['max_iters'] is not None and r['iter_num'] is not None and r['iter_num'] < r['max_iters']:
+            notes.append(f"{r['name']} ({r['label']}) was saved at iteration {r['iter_num']:,} of its max_iters "
+                         f"{r['max_iters']:,}: an interrupted run, or not its last checkpoint")
+    return notes
 
 
 # -----------------------------------------------------------------------------
@@ -845,16 +757,16 @@ def run_timing(cfg):
 def evaluate(cfg, ckpt_paths):
     """Evaluate checkpoints under the protocol; write and return the results dict."""
     dev = pick_device(cfg['device'])
-    ctx = autocast_context(dev, cfg['dtype'])
+    ctx = autocast(dev, pick_dtype(cfg['dtype'], dev))
     K = cfg['eval_tokens']
     if K < 1 or cfg['num_windows'] < 1:
-        raise EvalError("--eval_tokens and --num_windows must be positive")
+        raise InputError("--eval_tokens and --num_windows must be positive")
     files = find_checkpoints(ckpt_paths)
     if not files:
-        raise EvalError("no checkpoints given: python eval_extrapolate.py out/run1 out/run2 ... (or --ckpts=)")
+        raise InputError("no checkpoints given: python eval_extrapolate.py out/run1 out/run2 ... (or --ckpts=)")
     user_labels = [s for s in cfg['labels'].split(',') if s] if cfg['labels'] else None
     if user_labels is not None and len(user_labels) != len(files):
-        raise EvalError(f"--labels has {len(user_labels)} names for {len(files)} checkpoints: {files}")
+        raise InputError(f"--labels has {len(user_labels)} names for {len(files)} checkpoints: {files}")
 
     # read every checkpoint first (bad ones fail before hours of evaluation; the default lengths and the
     # windows depend on all of them); models are loaded again one at a time to evaluate them
@@ -872,15 +784,15 @@ def evaluate(cfg, ckpt_paths):
                      'data_dir': os.path.normpath(d), 'model_args': dataclasses.asdict(model.config),
                      'training': training_setting(ckpt), 'tokenizer': tok, 'tokenizer_from': tok_from,
                      'seed': conf.get('seed'), 'iter_num': ckpt.get('iter_num'),
+                     'max_iters': conf.get('max_iters'), 'tokens_seen': tokens_seen(ckpt),
                      'best_val_loss': ckpt.get('best_val_loss')})
         del model
     for r, lab in zip(runs, user_labels or auto_labels(runs)):
         r['label'] = lab
     pairs = parse_pairs(cfg['pairs'], [r['label'] for r in runs])
-    for lab in dict.fromkeys(r['label'] for r in runs):
-        iters = [r['iter_num'] for r in runs if r['label'] == lab]
-        if len(set(iters)) > 1:  # seeds of one training, but not all at its end (interrupted, or best val)
-            print(f"note: the runs of {lab} were saved at different iterations {iters}")
+    notes = training_notes(runs)
+    for note in notes:
+        print(f"note: {note}")
 
     if cfg['lengths']:
         eval_lengths = sorted(set(parse_ints(cfg['lengths'], 'lengths')))
@@ -899,7 +811,7 @@ def evaluate(cfg, ckpt_paths):
                 check_data_fits(other, meta)
         fits = [L for L in eval_lengths + [cfg['max_length']] if L + 1 <= len(data)]
         if not fits:
-            raise EvalError(f"{d}/val.bin holds {len(data)} tokens: too few for any of the lengths {eval_lengths}")
+            raise InputError(f"{d}/val.bin holds {len(data)} tokens: too few for any of the lengths {eval_lengths}")
         longest = max(fits)
         ends = window_ends(len(data), longest, K, cfg['num_windows'], cfg['seed'])
         if len(ends) < cfg['num_windows']:
@@ -920,6 +832,8 @@ def evaluate(cfg, ckpt_paths):
 
     groups = group_runs(runs, eval_lengths)
     comparisons = [compare(a, b, eval_lengths) for a, b in comparison_pairs(groups, pairs)]
+    for c in comparisons:  # a p-value between unequally trained models measures the training too
+        c['unequal_training'] = unequal_training([r for r in runs if r['label'] in (c['label'], c['baseline'])])
 
     print('\n' + protocol_text(protocol) + '\n\nperplexity\n' + group_table(groups, 'ppl', eval_lengths))
     if any(g['bpb'][L]['status'] == 'ok' for g in groups for L in eval_lengths):
@@ -928,29 +842,26 @@ def evaluate(cfg, ckpt_paths):
         print('\nruns\n' + run_table(runs, eval_lengths))
     if comparisons:
         print("\nDAPE-X vs X, Welch's t-test, two-sided p\n" + pvalue_table(comparisons, eval_lengths))
-    write_outputs(cfg['out_dir'], protocol, runs, groups, comparisons, eval_lengths, cfg['plot'])
+    write_outputs(cfg['out_dir'], protocol, runs, groups, comparisons, eval_lengths, cfg['plot'], notes)
     print(f"\nwrote {cfg['out_dir']}/results.json, results.md, results.csv"
           + (", ppl_vs_length.png" if cfg['plot'] else ''))
-    return {'protocol': protocol, 'lengths': eval_lengths, 'runs': runs, 'groups': groups, 'comparisons': comparisons}
+    return {'protocol': protocol, 'lengths': eval_lengths, 'runs': runs, 'groups': groups, 'comparisons': comparisons,
+            'notes': notes}
 
 
 def main(argv=None):
-    from configurator import configure
     argv = sys.argv[1:] if argv is None else list(argv)
     if '-h' in argv or '--help' in argv:
         print(__doc__.strip() + '\n')  # then the configurator lists the keys and exits
     paths, rest = split_argv(argv)
     cfg = configure({k: globals()[k] for k in config_keys}, rest)
-    if cfg['timing']:
-        return run_timing(cfg)
     paths += [p for p in cfg['ckpts'].split(',') if p]
     return evaluate(cfg, paths)
 
 
 if __name__ == '__main__':
-    from configurator import ConfigError
     try:
         main()
-    except (EvalError, ConfigError) as e:
+    except (InputError, ConfigError) as e:
         print(f"eval_extrapolate.py: error: {e}", file=sys.stderr)
         sys.exit(2)

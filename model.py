@@ -2,10 +2,13 @@
 A GPT (nanoGPT's, itself after GPT-2) whose attention takes its positional information from
 positional.py and, optionally, a data-adaptive correction of its logits from dape.py.
 
-Attention, for one layer, with A = q.k/sqrt(hs) and B the encoding's bias:
+Shapes: B batch, T sequence length (Tq queries, Tk keys in attention), C embedding width, H heads, hs
+head size, V vocabulary.
 
-    logits = A + B                 (an additive encoding, no DAPE)
-    logits = A + B + f(A, B)       (DAPE; f and its variants in dape.py)
+Attention, for one layer, with A = q.k/sqrt(hs) and `bias` the encoding's positional bias (the paper's B):
+
+    logits = A + bias                    (an additive encoding, no DAPE)
+    logits = A + bias + f(A, bias)       (DAPE; f and its variants in dape.py)
     softmax(mask(logits)) . v
 
 It is computed in blocks of queries when the [batch, channel, query, key] maps would be large, which
@@ -17,8 +20,8 @@ bias as a float mask, which computes the same function faster.
 
 import inspect
 import math
-import os
-from dataclasses import dataclass, fields
+import warnings
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -28,17 +31,16 @@ from dape import DAPEV1, DAPEV2, VARIANTS
 from positional import ENCODINGS
 
 # Attention probabilities of far-away keys (exp of very negative logits) underflow into float32
-# denormals, which x86 CPUs process tens of times slower (a tiny Kerple model trained ~50x slower);
-# flushing them to zero changes no result that matters.
+# denormals, which x86 CPUs process many times slower; flushing them to zero changes no result that
+# matters. Set once here, for every script that builds a model.
 torch.set_flush_denormal(True)
 
 # Floats the attention of one layer may hold per query block, when it is not training (autograd keeps
 # every block anyway). 2**26 float32 = 256 MB.
 ATTN_BLOCK_BUDGET = 2 ** 26
-# On the CPU, also floats of one [B, H, Q, Tk] map of a block (8 MB): the bias, the mask and the softmax
+# On the CPU, also floats of one [B, H, Tq, Tk] map of a block (8 MB): the bias, the mask and the softmax
 # are each a pass over such maps, and passes within the last-level cache are several times faster than
-# through memory (the demo model at 8192 tokens, measured in evaluation: Kerple 9.2 -> 4.4 s, T5 13.5 ->
-# 6.3 s, CoPE at 4096 11.9 -> 3.0 s, DAPE V2 15.6 -> 14.4 s).
+# through memory (figures in the README, "Benchmark").
 ATTN_BLOCK_CACHE_CPU = 2 ** 21
 
 
@@ -56,7 +58,9 @@ class GPTConfig:
     dape_variant: str = "concat_residual"  # see dape.py
     dape_width: int = 32  # hidden width D of f
     dape_kernel: int = 3  # V2's kernel (1, k) along the key axis
+    dape_impl: str = "auto"  # auto: dape_triton.py's fused kernel on CUDA, else dape_torch.py; triton; torch
     causal: bool = True  # False: a bidirectional encoder (CHE)
+    bidir_bias: str = "alibi"  # causal=False: which distance biases put a key on the left half a step nearer (tells left from right): alibi (Ruoss et al.), all, none
     rand_pos: bool = False  # randomized positions while training (Ruoss et al. 2023)
     rand_pos_max: int = 0  # positions are drawn from [0, rand_pos_max); 0: 4 * block_size
     rand_pos_eval: bool = False  # draw them at evaluation too (Ruoss et al.'s CHE protocol); False: 0..T-1
@@ -71,6 +75,10 @@ class GPTConfig:
             fail(f"unknown pos={self.pos!r}; choose one of {', '.join(ENCODINGS)}")
         if self.dape not in ("none", "v1", "v2"):
             fail(f"unknown dape={self.dape!r}; choose none, v1 or v2")
+        if self.bidir_bias not in ("alibi", "all", "none"):
+            fail(f"unknown bidir_bias={self.bidir_bias!r}; choose alibi, all or none")
+        if self.dape_impl not in ("auto", "triton", "torch"):
+            fail(f"unknown dape_impl={self.dape_impl!r}; choose auto, triton or torch")
         if self.dape_variant not in VARIANTS:
             fail(f"unknown dape_variant={self.dape_variant!r}; choose one of {', '.join(VARIANTS)}")
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "dape_width", "dape_kernel"):
@@ -125,6 +133,7 @@ class SelfAttention(nn.Module):
         self.causal = config.causal
         self.dropout = config.dropout
         self.attn_chunk = config.attn_chunk
+        self.pos, self.dape_impl = config.pos, config.dape_impl
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
@@ -138,10 +147,7 @@ class SelfAttention(nn.Module):
 
     def forward(self, x, pe, pos_q, pos_k, cache=None, layer=0):
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, self.head_size).transpose(1, 2) for t in (q, k, v))
-        if pe.rotary:
-            q, k = pe.rotate(q, pos_q), pe.rotate(k, pos_q)
+        q, k, v = self.qkv(x, pe, pos_q)
         t0 = 0
         if cache is not None:  # keys and values of earlier tokens come first
             t0 = len(cache)
@@ -152,13 +158,22 @@ class SelfAttention(nn.Module):
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
-    def query_block(self, B, Tq, Tk, device):
+    def qkv(self, x, pe, pos):
+        """Queries, keys and values [B, H, T, hs] of x [B, T, C] (rotated, for RoPE)."""
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, self.head_size).transpose(1, 2) for t in (q, k, v))
+        if pe.rotary:
+            q, k = pe.rotate(q, pos), pe.rotate(k, pos)
+        return q, k, v
+
+    def query_block(self, B, Tq, Tk, device, fused):
         if self.attn_chunk:
             return self.attn_chunk
-        if torch.is_grad_enabled():
-            return Tq  # autograd keeps every block's tensors anyway: blocking would only cost time
+        if torch.is_grad_enabled() or fused:
+            return Tq  # autograd keeps every block's tensors anyway; the fused kernel holds no [Tq, Tk] map
         width = self.dape.width if self.dape is not None else 0
-        per_query = B * Tk * (4 * self.n_head + 2 * width)  # A, B, logits, probs, f's hidden map
+        per_query = B * Tk * (4 * self.n_head + 2 * width)  # A, bias, logits, probs, f's hidden map
         step = ATTN_BLOCK_BUDGET // per_query
         if device.type == "cpu":
             step = min(step, ATTN_BLOCK_CACHE_CPU // (B * self.n_head * Tk))
@@ -166,18 +181,56 @@ class SelfAttention(nn.Module):
 
     def attend(self, q, k, v, pe, pos_q, pos_k, t0):
         Tq, Tk = q.shape[2], k.shape[2]
-        step = self.query_block(q.shape[0], Tq, Tk, q.device)
+        fused = self.fused(q, pe)
+        step = self.query_block(q.shape[0], Tq, Tk, q.device, fused)
         ki = torch.arange(Tk, device=q.device)  # index of each key in the sequence
         ys = []
         for s in range(0, Tq, step):
             e = min(s + step, Tq)
+            if fused:  # softmax(mask(A + bias + f)) . v in one kernel, A and f never in memory
+                bias = pe.bias(pos_q[s:e], pos_k) if pe.has_bias else None
+                ys.append(dape_triton.attention(q[:, :, s:e], k, v, bias, *self.dape.weights(), self.dape.variant,
+                                                self.causal, q_offset=t0 + s))
+                continue
             qi = torch.arange(t0 + s, t0 + e, device=q.device)
             ys.append(self.attend_block(q[:, :, s:e], k, v, pe, pos_q[s:e], pos_k, qi, ki))
         return ys[0] if len(ys) == 1 else torch.cat(ys, dim=2)
 
+    def fused(self, q, pe):
+        """Whether DAPE runs in dape_triton.py's fused kernel. dape_impl='auto': on CUDA when Triton
+        imports, for the encodings whose bias does not depend on the content, without attention dropout
+        in training and outside torch.compile; anything else takes the PyTorch path, saying why once.
+        'triton': the kernel or an error; 'torch': never."""
+        if self.dape is None or self.dape_impl == "torch" or (self.dape_impl == "auto" and q.device.type != "cuda"):
+            return False
+        why = None
+        if pe.contextual or pe.needs_content:
+            why = f"pos={self.pos} (its logits depend on the content)"
+        elif self.dropout and self.training:
+            why = "attention dropout in training"
+        elif torch.compiler.is_compiling():
+            why = "torch.compile (the kernel runs in eager mode)"
+        else:
+            why = _triton_missing(q)
+        if why is None:
+            return True
+        if self.dape_impl == "triton":
+            raise ValueError(f"dape_impl='triton' cannot run here: {why}; use dape_impl='auto' or 'torch'")
+        warnings.warn(f"DAPE's fused kernel does not cover {why}: using the PyTorch path")
+        return False
+
+    def scores(self, q, k, pe, pos_q, pos_k, qi, ki):
+        """The logits' terms [B, H, Tq, Tk] of the queries at sequence indices qi: A with CoPE's
+        contextual term added, the encoding's bias ([H, Tq, Tk] or [B, H, Tq, Tk], or None), and the
+        content logits A alone."""
+        # q is scaled rather than A: scaling the [B, H, Tq, Tk] map costs a pass over it, and another in backward
+        A = ((q * (1.0 / math.sqrt(self.head_size))) @ k.transpose(-2, -1)).float()
+        A_pe = pe.logits(A, q, qi, ki) if pe.contextual else A
+        return A_pe, (pe.bias(pos_q, pos_k, q, k) if pe.has_bias else None), A
+
     def attend_block(self, q, k, v, pe, pos_q, pos_k, qi, ki):
         """Attention of the queries at sequence indices qi to all keys (indices ki)."""
-        future = ki[None, :] > qi[:, None] if self.causal else None  # [Q, Tk], True = masked
+        future = ki[None, :] > qi[:, None] if self.causal else None  # [Tq, Tk], True = masked
         dropout_p = self.dropout if self.training else 0.0
 
         if self.dape is None and not pe.needs_content:
@@ -191,25 +244,62 @@ class SelfAttention(nn.Module):
             bias = pe.bias(pos_q, pos_k)
             if future is not None:
                 bias = bias.masked_fill(future, float("-inf"))
-            # as [1, H, Q, Tk]: given [H, Q, Tk], PyTorch 2.13's CPU kernel took 4x as long in evaluation
-            # at 8192 keys (and the demo model's whole forward 1.45x). Under autocast SDPA wants the mask
-            # in q's dtype: the float32 bias is rounded once, by 2^-8 of itself in bf16, as the logits are
+            # as [1, H, Tq, Tk]: PyTorch's CPU kernel is much slower with a 3-D [H, Tq, Tk] mask (README,
+            # "Benchmark"). Under autocast SDPA wants the mask in q's dtype: the float32 bias is rounded
+            # once, as the logits themselves are
             return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype)[None], dropout_p=dropout_p)
 
-        # q is scaled rather than A: scaling the [B, H, Q, Tk] map costs a pass over it, and another in backward
-        A = ((q * (1.0 / math.sqrt(self.head_size))) @ k.transpose(-2, -1)).float()
-        if pe.contextual:
-            A = pe.logits(A, q, qi, ki)
-        B = pe.bias(pos_q, pos_k, q, k) if pe.has_bias else None
-        if self.dape is not None:  # softmax(mask(A + B + f)), without f where the mask hides it
-            att = self.dape.probs(A, B, future)
+        A, bias, _ = self.scores(q, k, pe, pos_q, pos_k, qi, ki)
+        if self.dape is not None:  # softmax(mask(A + bias + f)), without f where the mask hides it
+            att = self.dape.probs(A, bias, future)
         else:
-            logits = A if B is None else A + B
+            logits = A if bias is None else A + bias
             if future is not None:
                 logits = logits.masked_fill(future, float("-inf"))
             att = F.softmax(logits, dim=-1)
         att = F.dropout(att, dropout_p, self.training)
         return att.to(v.dtype) @ v
+
+    @torch.no_grad()
+    def terms(self, x, pe, pos, rows):
+        """What this layer adds up for the query rows `rows` (sequence indices) of x [1, T, C], as
+        visualize.py draws it: A, bias, f (DAPE's term), the pre-softmax logits and the probabilities,
+        each [H, R, T] float32 (None where the model has none), and `out` [R, C], the layer's output at
+        those rows computed from them (equal to forward's: the test of this function)."""
+        T = x.shape[1]
+        q, k, v = self.qkv(x, pe, pos)
+        qi = torch.as_tensor(rows, device=x.device)
+        ki = torch.arange(T, device=x.device)
+        A, bias, content = self.scores(q[:, :, qi], k, pe, pos[qi], pos, qi, ki)
+        if bias is not None:
+            bias = bias.expand_as(A)
+        future = ki[None, :] > qi[:, None] if self.causal else None
+        logits = A if bias is None else A + bias
+        f = None
+        if self.dape is not None:  # logits = A + bias + f, except for 'concat' (A + f) and no bias (A + f)
+            logits = self.dape(A, bias, future)
+            f = logits - A - (bias if bias is not None and self.dape.variant != "concat" else 0.0)
+        att = F.softmax(logits if future is None else logits.masked_fill(future, float("-inf")), dim=-1)
+        y = (att.to(v.dtype) @ v).transpose(1, 2).reshape(1, len(qi), -1)
+        # for CoPE the position term drawn as the bias is its contextual term, and A the content logits
+        position = bias if bias is not None else (A - content if pe.contextual else None)
+        sq = lambda t: None if t is None else t[0].float().cpu()
+        return {'A': sq(content), 'B': sq(position), 'f': sq(f), 'logits': sq(logits), 'att': sq(att),
+                'out': self.c_proj(y)[0].float().cpu()}
+
+
+dape_triton = None  # imported when first needed: Triton is a CUDA-only dependency
+
+
+def _triton_missing(q):
+    """Why dape_triton.py cannot run on q's device, or None."""
+    global dape_triton
+    if dape_triton is None:
+        try:
+            import dape_triton
+        except ImportError as e:
+            return f"a machine without Triton ({e})"
+    return dape_triton.unavailable(q)
 
 
 class MLP(nn.Module):
@@ -390,41 +480,3 @@ class GPT(nn.Module):
             idx = torch.cat((idx, idx_next), dim=1)
         return idx
 
-
-def read_checkpoint_file(path, keys=("model", "model_args"), device="cpu"):
-    """torch.load a train.py checkpoint file, checked: an unreadable file, or one without all of `keys`,
-    is a ValueError naming it (the file is only read)."""
-    try:
-        ckpt = torch.load(path, map_location=device, weights_only=True)
-    except Exception as e:
-        raise ValueError(f"{path} is not a readable checkpoint ({type(e).__name__}: {e}); "
-                         f"it may be truncated or not written by train.py") from e
-    missing = [k for k in keys if k not in ckpt] if isinstance(ckpt, dict) else list(keys)
-    if missing:
-        raise ValueError(f"{path} is not a train.py checkpoint: it lacks {missing}")
-    return ckpt
-
-
-def load_checkpoint(path, device="cpu"):
-    """Load a train.py checkpoint (a ckpt.pt file or the out_dir holding one) and build its model.
-    Returns (model, checkpoint dict). Errors name the file and what to do."""
-    if os.path.isdir(path):
-        path = os.path.join(path, "ckpt.pt")
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"no checkpoint at {path}; train one first: python train.py <config> --out_dir=...")
-    ckpt = read_checkpoint_file(path, device=device)
-    known = {f.name for f in fields(GPTConfig)}
-    unknown = set(ckpt["model_args"]) - known
-    if unknown:
-        raise ValueError(f"{path} has model options this model.py does not know: {sorted(unknown)}")
-    model = GPT(GPTConfig(**ckpt["model_args"]))
-    state = {}
-    for k, v in ckpt["model"].items():  # torch.compile and DDP wrap names; the model does not
-        for prefix in ("_orig_mod.", "module."):
-            k = k[len(prefix):] if k.startswith(prefix) else k
-        state[k] = v
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise ValueError(f"{path} does not match its own model_args: missing {missing[:5]}, "
-                         f"unexpected {unexpected[:5]}")
-    return model.to(device), ckpt

@@ -18,6 +18,10 @@ import sys
 
 import torch
 
+from common import InputError, autocast, load_run, pick_device, pick_dtype, resolve_data_dir
+from configurator import ConfigError, configure
+from tokenizer import get_tokenizer, load_meta, tokenizer_of_vocab
+
 # -----------------------------------------------------------------------------
 _names_before_config = set(globals())
 out_dir = 'out'          # checkpoint directory (or a .pt file; a bare argument does the same)
@@ -38,28 +42,26 @@ def tokenizer_for(ckpt, model, data_dir_override=''):
     """The dataset's tokenizer (meta.json), or one inferred from the vocabulary when the dataset is
     not on this machine: 256 -> bytes, >= 50257 -> GPT-2 BPE. A dataset whose tokenizer cannot be the
     model's is an error: its ids would be fed to, or sampled from, the wrong embedding rows."""
-    from eval_extrapolate import EvalError, resolve_data_dir
-    from tokenizer import get_tokenizer, load_meta, tokenizer_of_vocab
     vocab = model.config.vocab_size
     try:
         data_dir = resolve_data_dir(ckpt, data_dir_override)
         tok = get_tokenizer(load_meta(data_dir))
-    except (EvalError, FileNotFoundError) as e:
+    except (InputError, FileNotFoundError) as e:
         if data_dir_override:
-            raise EvalError(str(e)) from e
+            raise InputError(str(e)) from e
         name = tokenizer_of_vocab(vocab)
         if name is None:
-            raise EvalError(f"cannot tell the tokenizer: {e}; pass --data_dir=data/<name>") from e
+            raise InputError(f"cannot tell the tokenizer: {e}; pass --data_dir=data/<name>") from e
         print(f"({e}; using the '{name}' tokenizer for vocab_size {vocab})", file=sys.stderr)
         return get_tokenizer(name)
     except ValueError as e:  # a meta.json that is not JSON, lacks keys, or names an unknown tokenizer
-        raise EvalError(f"cannot read the tokenizer from {data_dir}/meta.json: {e}") from e
+        raise InputError(f"cannot read the tokenizer from {data_dir}/meta.json: {e}") from e
     # the checkpoint does not name its tokenizer, but its vocabulary (the dataset's, or that padded up)
     # must hold the tokenizer's and, for the sizes that imply one, be that tokenizer's
     implied = tokenizer_of_vocab(vocab)
     if vocab < tok.vocab_size or implied not in (None, tok.name):
         trained_on = ckpt.get('dataset') or (ckpt.get('config') or {}).get('dataset')
-        raise EvalError(
+        raise InputError(
             f"the model's vocabulary ({vocab}"
             + (f", the '{implied}' tokenizer's" if implied else '')
             + f") does not match the '{tok.name}' tokenizer (vocab {tok.vocab_size}) of {data_dir}/meta.json: "
@@ -80,24 +82,22 @@ def decode(tok, ids):
 
 def check_options(cfg):
     """Options that would fail late or be silently misread fail here, before the checkpoint is loaded."""
-    from eval_extrapolate import EvalError
     t = cfg['temperature']
     if not (math.isfinite(t) and t >= 0):
-        raise EvalError(f"--temperature must be >= 0 (0: greedy), got {t}")
+        raise InputError(f"--temperature must be >= 0 (0: greedy), got {t}")
     if cfg['top_k'] < 0:
-        raise EvalError(f"--top_k must be >= 1, or 0 for no cut, got {cfg['top_k']}")
+        raise InputError(f"--top_k must be >= 1, or 0 for no cut, got {cfg['top_k']}")
     if cfg['num_samples'] < 1:
-        raise EvalError(f"--num_samples must be >= 1, got {cfg['num_samples']}")
+        raise InputError(f"--num_samples must be >= 1, got {cfg['num_samples']}")
     if cfg['max_new_tokens'] < 0:
-        raise EvalError(f"--max_new_tokens must be >= 0, got {cfg['max_new_tokens']}")
+        raise InputError(f"--max_new_tokens must be >= 0, got {cfg['max_new_tokens']}")
 
 
 def read_prompt(text):
     if text.startswith('FILE:'):
         path = text[5:]
         if not os.path.isfile(path):
-            from eval_extrapolate import EvalError
-            raise EvalError(f"prompt file {path!r} not found")
+            raise InputError(f"prompt file {path!r} not found")
         with open(path, 'r', encoding='utf-8') as f:
             return f.read()
     return text
@@ -105,7 +105,6 @@ def read_prompt(text):
 
 def sample(cfg, path):
     """Print and return cfg['num_samples'] continuations of the prompt."""
-    from eval_extrapolate import EvalError, autocast_context, load_run, pick_device
     check_options(cfg)
     dev = pick_device(cfg['device'])  # a device this machine lacks is an error here, not a "bad checkpoint"
     torch.manual_seed(cfg['seed'])
@@ -113,7 +112,7 @@ def sample(cfg, path):
         torch.cuda.manual_seed(cfg['seed'])
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    ctx = autocast_context(dev, cfg['dtype'])
+    ctx = autocast(dev, pick_dtype(cfg['dtype'], dev))
     model, ckpt = load_run(path, dev)
     tok = tokenizer_for(ckpt, model, cfg['data_dir'])
     if cfg['compile']:
@@ -121,11 +120,11 @@ def sample(cfg, path):
 
     ids = tok.encode(read_prompt(cfg['start'])) or [tok.eot_token]
     if max(ids) >= model.config.vocab_size:
-        raise EvalError(f"the prompt has token {max(ids)} but the model's vocabulary is {model.config.vocab_size}: "
+        raise InputError(f"the prompt has token {max(ids)} but the model's vocabulary is {model.config.vocab_size}: "
                         f"wrong tokenizer/dataset? pass --data_dir=")
     n_pos = model.pe[0].n_positions if model.config.pos == 'learned' else None
     if n_pos is not None and len(ids) + cfg['max_new_tokens'] > n_pos:
-        raise EvalError(f"pos=learned encodes {n_pos} positions: a prompt of {len(ids)} tokens leaves room for "
+        raise InputError(f"pos=learned encodes {n_pos} positions: a prompt of {len(ids)} tokens leaves room for "
                         f"{max(0, n_pos - len(ids))} new tokens, not --max_new_tokens={cfg['max_new_tokens']}")
     x = torch.tensor(ids, dtype=torch.long, device=dev)[None]
     samples = []
@@ -141,7 +140,6 @@ def sample(cfg, path):
 
 
 def main(argv=None):
-    from configurator import configure
     argv = sys.argv[1:] if argv is None else list(argv)
     if '-h' in argv or '--help' in argv:
         print(__doc__.strip() + '\n')  # then the configurator lists the keys and exits
@@ -149,16 +147,13 @@ def main(argv=None):
     rest = [a for a in argv if a not in bare]
     cfg = configure({k: globals()[k] for k in config_keys}, rest)
     if len(bare) > 1:
-        from eval_extrapolate import EvalError
-        raise EvalError(f"give one checkpoint, got {bare}")
+        raise InputError(f"give one checkpoint, got {bare}")
     return sample(cfg, bare[0] if bare else cfg['out_dir'])
 
 
 if __name__ == '__main__':
-    from configurator import ConfigError
-    from eval_extrapolate import EvalError
     try:
         main()
-    except (EvalError, ConfigError) as e:
+    except (InputError, ConfigError) as e:
         print(f"sample.py: error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -25,14 +25,14 @@ import os
 import random
 import sys
 import time
-from contextlib import nullcontext
 from types import SimpleNamespace
 
 import numpy as np
 import torch
 
+from common import autocast, check_dataset, pick_dtype, read_checkpoint_file
 from configurator import ConfigError, check_device, config_defaults, configure, update_config
-from model import GPT, GPTConfig, read_checkpoint_file
+from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
 # default config values: the paper's 125M model (Appendix B, Table 3) on the embedded byte-level
@@ -73,7 +73,7 @@ lr_decay_iters = 50000  # ~= max_iters per Chinchilla
 min_lr = 6e-5  # ~= learning_rate / 10 per Chinchilla
 # system
 device = 'auto'  # 'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', ...; torchrun sets cuda:LOCAL_RANK
-dtype = 'auto'  # 'auto' (bfloat16 where supported, else float16, on GPU), 'bfloat16', 'float16'; CPU: float32
+dtype = 'auto'  # 'auto': bfloat16 autocast on a GPU that supports it, else float32 (common.py); 'float16'
 backend = 'auto'  # torch.distributed backend: 'auto' (nccl on GPU, gloo on CPU), 'nccl', 'gloo'
 fsdp = False  # shard parameters, gradients and optimizer state over the processes (FSDP2, fully_shard)
 compile = False  # torch.compile the model
@@ -92,85 +92,46 @@ class CheckpointError(ValueError):
 
 
 # model options a resumed run may set anew: they change no parameter
-RESUME_CHANGEABLE = ('dropout', 'attn_chunk')
+RESUME_CHANGEABLE = ('dropout', 'attn_chunk', 'dape_impl')
 
 
-def check_config(C):
+def check_config(cfg):
     """Options that would fail late, or silently train nothing, fail here: before any process group,
     data or model (ConfigError, which main() prints as one line)."""
     for k in ('batch_size', 'gradient_accumulation_steps', 'eval_interval', 'log_interval', 'eval_iters'):
-        if getattr(C, k) < 1:
-            raise ConfigError(f"{k} must be >= 1, got {getattr(C, k)}")
+        if getattr(cfg, k) < 1:
+            raise ConfigError(f"{k} must be >= 1, got {getattr(cfg, k)}")
     for k in ('max_iters', 'warmup_iters', 'lr_decay_iters', 'min_lr', 'weight_decay', 'grad_clip'):
-        if getattr(C, k) < 0:
-            raise ConfigError(f"{k} must be >= 0, got {getattr(C, k)}")
-    if not C.learning_rate > 0:
-        raise ConfigError(f"learning_rate must be > 0, got {C.learning_rate}")
+        if getattr(cfg, k) < 0:
+            raise ConfigError(f"{k} must be >= 0, got {getattr(cfg, k)}")
+    if not cfg.learning_rate > 0:
+        raise ConfigError(f"learning_rate must be > 0, got {cfg.learning_rate}")
     choices = {'init_from': ('scratch', 'resume'), 'dtype': ('auto', 'float32', 'bfloat16', 'float16'),
                'backend': ('auto', 'nccl', 'gloo')}
     for k, allowed in choices.items():
-        if getattr(C, k) not in allowed:
-            raise ConfigError(f"{k} must be one of {', '.join(allowed)}; got {getattr(C, k)!r}")
-    check_device(C.device)
-    model_args = {f.name: getattr(C, f.name) for f in dataclasses.fields(GPTConfig)}
+        if getattr(cfg, k) not in allowed:
+            raise ConfigError(f"{k} must be one of {', '.join(allowed)}; got {getattr(cfg, k)!r}")
+    check_device(cfg.device)
+    model_args = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(GPTConfig)}
     try:  # the model options, before reading data (vocab_size comes from meta.json when 0)
-        GPTConfig(**{**model_args, 'vocab_size': C.vocab_size or 1})
+        GPTConfig(**{**model_args, 'vocab_size': cfg.vocab_size or 1})
     except ValueError as e:
         raise ConfigError(str(e)) from e
 
 
 # -----------------------------------------------------------------------------
-# data
-
-def load_dataset(data_dir, name):
-    """Check data_dir/{train,val}.bin against meta.json; return (meta, numpy dtype).
-    Any missing or inconsistent file is an error naming the prepare command."""
-    prepare = f"python data/{name}/prepare.py"
-    try:
-        from tokenizer import load_meta
-        meta = load_meta(data_dir)
-    except ImportError:  # tokenizer.py is optional here: read meta.json directly
-        import json
-        path = os.path.join(data_dir, 'meta.json')
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"{path} not found: dataset '{name}' is not prepared. Run `{prepare}`.")
-        with open(path) as f:
-            meta = json.load(f)
-    if meta.get('dtype') not in ('uint8', 'uint16'):
-        raise ValueError(f"{data_dir}/meta.json: dtype must be 'uint8' or 'uint16', got "
-                         f"{meta.get('dtype')!r}; re-run `{prepare} --force`")
-    dt = np.dtype(meta['dtype'])
-    if meta['vocab_size'] > np.iinfo(dt).max + 1:
-        raise ValueError(f"{data_dir}/meta.json: vocab_size {meta['vocab_size']} does not fit {dt}; "
-                         f"re-run `{prepare} --force`")
-    for split in ('train', 'val'):
-        path = os.path.join(data_dir, f'{split}.bin')
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"{path} not found: dataset '{name}' is not (fully) prepared. Run `{prepare}`.")
-        size = os.path.getsize(path)
-        if size % dt.itemsize:
-            raise ValueError(f"{path} has {size} bytes, not a multiple of {dt} ({dt.itemsize} bytes): "
-                             f"truncated or written with another dtype; re-run `{prepare} --force`")
-        expected = meta.get(f'{split}_tokens')
-        if expected is not None and size // dt.itemsize != expected:
-            raise ValueError(f"{path} holds {size // dt.itemsize} tokens but meta.json says {expected}: "
-                             f"stale or truncated; re-run `{prepare} --force`")
-    return meta, dt
-
-
-# -----------------------------------------------------------------------------
 # learning rate decay scheduler (cosine with warmup)
 
-def get_lr(it, C):
-    if not C.decay_lr:
-        return C.learning_rate
-    if it < C.warmup_iters:  # 1) linear warmup
-        return C.learning_rate * (it + 1) / (C.warmup_iters + 1)
-    if it > C.lr_decay_iters:  # 2) after the decay, min_lr
-        return C.min_lr
-    ratio = (it - C.warmup_iters) / max(1, C.lr_decay_iters - C.warmup_iters)  # 3) cosine in between
+def get_lr(it, cfg):
+    if not cfg.decay_lr:
+        return cfg.learning_rate
+    if it < cfg.warmup_iters:  # 1) linear warmup
+        return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)
+    if it > cfg.lr_decay_iters:  # 2) after the decay, min_lr
+        return cfg.min_lr
+    ratio = (it - cfg.warmup_iters) / max(1, cfg.lr_decay_iters - cfg.warmup_iters)  # 3) cosine in between
     coeff = 0.5 * (1.0 + math.cos(math.pi * ratio))
-    return C.min_lr + coeff * (C.learning_rate - C.min_lr)
+    return cfg.min_lr + coeff * (cfg.learning_rate - cfg.min_lr)
 
 
 # -----------------------------------------------------------------------------
@@ -200,12 +161,12 @@ def save_checkpoint(checkpoint, path):
         pass
 
 
-def read_checkpoint(path, C):
+def read_checkpoint(path, cfg):
     """init_from='resume': the checkpoint at path, with clear errors for a missing, unreadable or
     foreign file. 'scratch': None, after making sure that training will not overwrite a checkpoint
     there (a run's checkpoint is never destroyed by a forgotten --init_from=resume)."""
-    if C.init_from == 'scratch':
-        if os.path.exists(path) and not C.eval_only:
+    if cfg.init_from == 'scratch':
+        if os.path.exists(path) and not cfg.eval_only:
             raise CheckpointError(f"{path} already exists and init_from='scratch' would overwrite it: continue "
                                   f"that run with --init_from=resume, or train into another --out_dir")
         return None
@@ -259,88 +220,50 @@ def set_rng_state(state, data_gen):
 
 # -----------------------------------------------------------------------------
 
-def train(config=None, **overrides):
-    """Run training with DEFAULTS updated by `config` (a dict, e.g. from configure()) and `overrides`.
-    Returns a dict: iter_num, best_val_loss, losses (train loss of every step run here), evals
-    ([(iter, train, val)]), model (the trained raw model)."""
-    config = update_config(DEFAULTS, {**(config or {}), **overrides})
-    C = SimpleNamespace(**config)
-    check_config(C)
+def processes(cfg):
+    """This process's place in the run: (ddp, rank, local_rank, world_size, device), with the process
+    group started when launched by torchrun."""
     import torch.distributed as dist
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict,
-        set_optimizer_state_dict)
+    if int(os.environ.get('RANK', -1)) == -1:  # not launched by torchrun
+        device = cfg.device if cfg.device != 'auto' else ('cuda' if torch.cuda.is_available() else 'cpu')
+        return False, 0, 0, 1, device
+    rank, local_rank, world_size = (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE'))
+    use_cuda = torch.cuda.is_available() and cfg.device != 'cpu'
+    device = f'cuda:{local_rank}' if use_cuda else 'cpu'
+    if use_cuda:
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group(backend=cfg.backend if cfg.backend != 'auto' else ('nccl' if use_cuda else 'gloo'))
+    return True, rank, local_rank, world_size, device
 
-    # -- processes and devices ---------------------------------------------------------------------
-    ddp = int(os.environ.get('RANK', -1)) != -1  # launched by torchrun?
-    if ddp:
-        rank, local_rank, world_size = (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE'))
-        use_cuda = torch.cuda.is_available() and C.device != 'cpu'
-        device = f'cuda:{local_rank}' if use_cuda else 'cpu'
-        if use_cuda:
-            torch.cuda.set_device(device)
-        dist_backend = C.backend if C.backend != 'auto' else ('nccl' if use_cuda else 'gloo')
-        if not dist.is_initialized():
-            dist.init_process_group(backend=dist_backend)
-    else:
-        rank, local_rank, world_size = 0, 0, 1
-        device = C.device if C.device != 'auto' else ('cuda' if torch.cuda.is_available() else 'cpu')
-    master = rank == 0
-    device_type = 'cuda' if 'cuda' in device else 'cpu'
-    if C.fsdp and not ddp:
-        print("fsdp=True in a single process: nothing to shard, training without it")
-    use_fsdp = C.fsdp and ddp
-    if C.gradient_accumulation_steps % world_size:
-        raise ValueError(f"gradient_accumulation_steps={C.gradient_accumulation_steps} must be a multiple of "
-                         f"the number of processes ({world_size}): it counts micro-batches over all of them")
-    accum = C.gradient_accumulation_steps // world_size  # micro-steps of this process
 
-    if device_type == 'cuda':
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-        dtype = C.dtype if C.dtype != 'auto' else ('bfloat16' if torch.cuda.is_bf16_supported() else 'float16')
-    else:
-        # attention probabilities far below 1e-38 (exp of large negative biases) are denormal floats,
-        # which make CPU matmuls ~50x slower; flushing them to zero changes nothing measurable
-        torch.set_flush_denormal(True)
-        if C.dtype not in ('auto', 'float32') and master:
-            print(f"dtype={C.dtype} ignored on CPU: training in float32")
-        dtype = 'float32'
-    ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
-    ctx = nullcontext() if device_type == 'cpu' else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
-    if master:
-        os.makedirs(C.out_dir, exist_ok=True)
-
-    # -- data ----------------------------------------------------------------------------------------
-    data_dir = os.path.join(C.data_root, C.dataset)
-    meta, data_dtype = load_dataset(data_dir, C.dataset)
-    data_gen = torch.Generator().manual_seed(C.seed + rank)  # training batches; its state is checkpointed
-    batch_state = [data_gen.get_state()]  # state before the latest training batch was drawn
-
+def batch_reader(cfg, data_dir, data_dtype, device):
+    """get_batch(split, generator, block) -> (x, y) [batch_size, block] on device: random windows of the
+    split, drawn with the given generator (so that a checkpoint can record where the stream is)."""
     def get_batch(split, gen, block):
         # a new memmap every batch avoids a memory leak (https://stackoverflow.com/q/45132940)
         data = np.memmap(os.path.join(data_dir, f'{split}.bin'), dtype=data_dtype, mode='r')
         if len(data) <= block:
             raise ValueError(f"{data_dir}/{split}.bin has {len(data)} tokens, fewer than block_size+1 = "
                              f"{block + 1}; prepare more data or lower block_size")
-        ix = torch.randint(len(data) - block, (C.batch_size,), generator=gen)
+        ix = torch.randint(len(data) - block, (cfg.batch_size,), generator=gen)
         x = torch.stack([torch.from_numpy(data[i:i + block].astype(np.int64)) for i in ix])
         y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block].astype(np.int64)) for i in ix])
-        if device_type == 'cuda':  # pin and move asynchronously
+        if device.startswith('cuda'):  # pin and move asynchronously
             return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
         return x.to(device), y.to(device)
+    return get_batch
 
-    # -- model init or resume -----------------------------------------------------------------------
-    model_args = {f.name: config[f.name] for f in dataclasses.fields(GPTConfig)}
-    model_args['vocab_size'] = C.vocab_size or meta['vocab_size']
-    iter_num, best_val_loss, ckpt = 0, 1e9, None
-    ckpt_path = os.path.join(C.out_dir, 'ckpt.pt')
-    # rank 0 reads the file (on resume; from scratch, only whether it exists); the others get its small
-    # part, or the error, here and the tensors when they are loaded
-    small = {}
+
+def checkpoint_to_resume(cfg, config, ckpt_path, ddp, master):
+    """Rank 0 reads out_dir's checkpoint (on resume; from scratch, only whether one is in the way); the
+    others get its small part, or the error, by broadcast, and its tensors when they are loaded.
+    Returns (checkpoint or None, its small part)."""
+    import torch.distributed as dist
+    ckpt, small = None, {}
     if master:
         try:
-            ckpt = read_checkpoint(ckpt_path, C)
+            ckpt = read_checkpoint(ckpt_path, cfg)
             small = {k: v for k, v in (ckpt or {}).items() if k not in ('model', 'optimizer')}
         except (FileNotFoundError, CheckpointError) as e:
             small = {'error': (type(e).__name__, str(e))}
@@ -351,33 +274,90 @@ def train(config=None, **overrides):
     if 'error' in small:
         kind, msg = small['error']
         raise (FileNotFoundError if kind == 'FileNotFoundError' else CheckpointError)(msg)
-    if C.init_from == 'resume':
-        if small.get('dataset') != C.dataset and master:
-            print(f"note: the checkpoint was trained on '{small.get('dataset')}', continuing on '{C.dataset}'")
+    return ckpt, small
+
+
+def peak_flops(cfg, device, dtype):
+    """The accelerator's peak FLOP/s for MFU, or None on a CPU."""
+    if not device.startswith('cuda'):
+        return cfg.peak_flops or None
+    name = torch.cuda.get_device_name()
+    peak = cfg.peak_flops or (989e12 if ('H100' in name or 'H200' in name) else 312e12)
+    return peak / 2 if dtype == torch.float32 and not cfg.peak_flops else peak  # tf32's peak
+
+
+def train(config=None, **overrides):
+    """Run training with DEFAULTS updated by `config` (a dict, e.g. from configure()) and `overrides`.
+    Returns a dict: iter_num, best_val_loss, losses (train loss of every step run here), evals
+    ([(iter, train, val)]), model (the trained raw model)."""
+    config = update_config(DEFAULTS, {**(config or {}), **overrides})
+    cfg = SimpleNamespace(**config)
+    check_config(cfg)
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict,
+        set_optimizer_state_dict)
+
+    # -- processes, devices, precision ---------------------------------------------------------------
+    ddp, rank, local_rank, world_size, device = processes(cfg)
+    master = rank == 0
+    device_type = 'cuda' if 'cuda' in device else 'cpu'
+    if cfg.fsdp and not ddp:
+        print("fsdp=True in a single process: nothing to shard, training without it")
+    use_fsdp = cfg.fsdp and ddp
+    if cfg.gradient_accumulation_steps % world_size:
+        raise ConfigError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} must be a multiple of "
+                          f"the number of processes ({world_size}): it counts micro-batches over all of them")
+    accum = cfg.gradient_accumulation_steps // world_size  # micro-steps of this process
+    if device_type == 'cuda':
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    ptdtype = pick_dtype(cfg.dtype, device)
+    dtype = str(ptdtype).removeprefix('torch.')
+    ctx = autocast(device, ptdtype)
+    if master:
+        os.makedirs(cfg.out_dir, exist_ok=True)
+
+    # -- data ----------------------------------------------------------------------------------------
+    data_dir = os.path.join(cfg.data_root, cfg.dataset)
+    meta, data_dtype = check_dataset(data_dir, cfg.dataset)
+    get_batch = batch_reader(cfg, data_dir, data_dtype, device)
+    data_gen = torch.Generator().manual_seed(cfg.seed + rank)  # training batches; its state is checkpointed
+    batch_state = [data_gen.get_state()]  # state before the latest training batch was drawn
+
+    # -- model init or resume -----------------------------------------------------------------------
+    model_args = {f.name: config[f.name] for f in dataclasses.fields(GPTConfig)}
+    model_args['vocab_size'] = cfg.vocab_size or meta['vocab_size']
+    iter_num, best_val_loss = 0, 1e9
+    ckpt_path = os.path.join(cfg.out_dir, 'ckpt.pt')
+    ckpt, small = checkpoint_to_resume(cfg, config, ckpt_path, ddp, master)
+    if cfg.init_from == 'resume':
+        if small.get('dataset') != cfg.dataset and master:
+            print(f"note: the checkpoint was trained on '{small.get('dataset')}', continuing on '{cfg.dataset}'")
         model_args, notes = resumed_model_args(small['model_args'], config, ckpt_path)
         for note in notes if master else ():
             print(note)
         config.update({k: v for k, v in model_args.items() if k != 'vocab_size'})  # what the run really is
         iter_num, best_val_loss = small['iter_num'], small['best_val_loss']
     if model_args['vocab_size'] < meta['vocab_size']:
-        raise ConfigError(f"vocab_size={model_args['vocab_size']} is smaller than dataset '{C.dataset}''s "
+        raise ConfigError(f"vocab_size={model_args['vocab_size']} is smaller than dataset '{cfg.dataset}''s "
                          f"{meta['vocab_size']} (meta.json); leave vocab_size=0 to take the dataset's")
 
-    torch.manual_seed(C.seed)  # the same initial weights in every process (FSDP shards them as they are)
+    torch.manual_seed(cfg.seed)  # the same initial weights in every process (FSDP shards them as they are)
     gptconf = GPTConfig(**model_args)
     model = GPT(gptconf)
     flops_per_token = model.flops_per_token(gptconf.block_size)
-    tokens_per_iter = C.gradient_accumulation_steps * C.batch_size * gptconf.block_size
+    tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * gptconf.block_size
     if master:
         print(f"{world_size} process(es) on {device_type}, {dtype}{', FSDP' if use_fsdp else ''}; "
-              f"{accum} micro-step(s) of {C.batch_size} x {gptconf.block_size} per process, "
+              f"{accum} micro-step(s) of {cfg.batch_size} x {gptconf.block_size} per process, "
               f"{tokens_per_iter:,} tokens per iteration")
         print(f"model: {model.get_num_params() / 1e6:.2f}M parameters, pos={gptconf.pos}, dape={gptconf.dape}, "
               f"{flops_per_token * tokens_per_iter / 1e12:.3g} TFLOPs per iteration")
     model.to(device)
-    torch.manual_seed(C.seed + rank)  # dropout and randomized positions differ between processes
-    np.random.seed(C.seed + rank)
-    random.seed(C.seed + rank)
+    torch.manual_seed(cfg.seed + rank)  # dropout and randomized positions differ between processes
+    np.random.seed(cfg.seed + rank)
+    random.seed(cfg.seed + rank)
 
     if use_fsdp:
         from torch.distributed.fsdp import fully_shard
@@ -394,9 +374,9 @@ def train(config=None, **overrides):
         scaler = ShardedGradScaler(enabled=True)
     else:
         scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
-    optimizer = raw_model.configure_optimizers(C.weight_decay, C.learning_rate, (C.beta1, C.beta2), device_type)
+    optimizer = raw_model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type)
 
-    if C.init_from == 'resume':
+    if cfg.init_from == 'resume':
         # one format for every setup: full (unsharded) state dicts keyed by parameter name, read on
         # rank 0 and broadcast to the others (only rank 0 needs the file)
         opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=ddp)
@@ -408,7 +388,7 @@ def train(config=None, **overrides):
         if rng['world_size'] == world_size:
             set_rng_state(rng['ranks'][rank], data_gen)
         else:
-            data_gen.manual_seed(C.seed + rank + 1000003 * iter_num)  # fresh batches, not the old ones
+            data_gen.manual_seed(cfg.seed + rank + 1000003 * iter_num)  # fresh batches, not the old ones
             if master:
                 print(f"resuming with {world_size} processes, the checkpoint had {rng['world_size']}: "
                       f"batches are drawn afresh (the run is no longer bit-exact)")
@@ -416,7 +396,7 @@ def train(config=None, **overrides):
         if master:
             print(f"resumed from {ckpt_path} at iteration {iter_num} (best val loss {best_val_loss:.4f})")
 
-    if C.compile:
+    if cfg.compile:
         if master:
             print("compiling the model... (takes a ~minute)")
         model = torch.compile(model)
@@ -439,9 +419,9 @@ def train(config=None, **overrides):
         out = {}
         model.eval()
         for i, split in enumerate(('train', 'val')):
-            gen = torch.Generator().manual_seed(C.seed + 7777 + 31 * rank + i)
-            losses = torch.zeros(C.eval_iters)
-            for k in range(C.eval_iters):
+            gen = torch.Generator().manual_seed(cfg.seed + 7777 + 31 * rank + i)
+            losses = torch.zeros(cfg.eval_iters)
+            for k in range(cfg.eval_iters):
                 X, Y = get_batch(split, gen, gptconf.block_size)
                 with ctx:
                     _, loss = model(X, Y)
@@ -461,26 +441,20 @@ def train(config=None, **overrides):
             dist.all_gather_object(states, rng_state(batch_state[0]))
         if master:
             ck = {'model': msd, 'optimizer': osd, 'model_args': model_args, 'iter_num': iter_num,
-                  'best_val_loss': best_val_loss, 'config': config, 'dataset': C.dataset,
+                  'best_val_loss': best_val_loss, 'config': config, 'dataset': cfg.dataset,
                   'rng': {'world_size': world_size, 'ranks': states}, 'scaler': scaler.state_dict()}
             save_checkpoint(ck, ckpt_path)
             print(f"saved checkpoint to {ckpt_path}")
 
     # -- logging -------------------------------------------------------------------------------------
-    if C.wandb_log and master:
+    if cfg.wandb_log and master:
         try:
             import wandb
-            wandb.init(project=C.wandb_project, name=C.wandb_run_name, config=config)
+            wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name, config=config)
         except ImportError:
             print("wandb_log=True but wandb is not installed (pip install wandb): not logging to wandb")
-            C.wandb_log = False
-    if device_type == 'cuda':
-        name = torch.cuda.get_device_name()
-        peak = C.peak_flops or (989e12 if ('H100' in name or 'H200' in name) else 312e12)
-        if dtype == 'float32' and not C.peak_flops:
-            peak /= 2  # tf32 peak
-    else:
-        peak = C.peak_flops or None  # no meaningful peak for a CPU
+            cfg.wandb_log = False
+    peak = peak_flops(cfg, device, ptdtype)
 
     # -- training loop --------------------------------------------------------------------------------
     batch_state[0] = data_gen.get_state()
@@ -489,28 +463,28 @@ def train(config=None, **overrides):
     local_iter_num, running_mfu = 0, -1.0
     losses_seen, evals = [], []
     while True:
-        lr = get_lr(iter_num, C)
+        lr = get_lr(iter_num, cfg)
         for group in optimizer.param_groups:
             group['lr'] = lr
 
         # evaluate the loss on train/val and write checkpoints
-        if iter_num % C.eval_interval == 0 or iter_num == C.max_iters or C.eval_only:
+        if iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters or cfg.eval_only:
             losses = estimate_loss()
             evals.append((iter_num, losses['train'], losses['val']))
             if master:
                 print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-                if C.wandb_log:
+                if cfg.wandb_log:
                     wandb.log({'iter': iter_num, 'train/loss': losses['train'], 'val/loss': losses['val'],
                                'lr': lr, 'mfu': running_mfu * 100})
             if not math.isfinite(losses['val']):
                 raise NonFiniteLossError(f"validation loss is {losses['val']} at iteration {iter_num}; "
                                          f"{ckpt_path} keeps the last good state")
-            if losses['val'] < best_val_loss or C.always_save_checkpoint:
+            if losses['val'] < best_val_loss or cfg.always_save_checkpoint:
                 best_val_loss = min(best_val_loss, losses['val'])
-                if iter_num > 0 and not C.eval_only:
+                if iter_num > 0 and not cfg.eval_only:
                     checkpoint()
             t0 = time.time()  # time the training steps only
-        if C.eval_only or iter_num >= C.max_iters:
+        if cfg.eval_only or iter_num >= cfg.max_iters:
             break
 
         # forward, backward and update, with gradient accumulation over micro-steps
@@ -532,9 +506,9 @@ def train(config=None, **overrides):
                 f"loss is {lossf} at iteration {iter_num} (lr {lr:.2e}): stopping before the update; "
                 f"{ckpt_path} keeps the last good checkpoint. Try a lower learning_rate or longer "
                 f"warmup_iters, dtype='bfloat16' instead of float16, a smaller grad_clip, or check the data.")
-        if C.grad_clip != 0.0:
+        if cfg.grad_clip != 0.0:
             scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), C.grad_clip)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)  # free the gradients' memory now
@@ -543,7 +517,7 @@ def train(config=None, **overrides):
         t1 = time.time()
         dt, t0 = t1 - t0, t1
         losses_seen.append(lossf)
-        if iter_num % C.log_interval == 0 and master:
+        if iter_num % cfg.log_interval == 0 and master:
             if local_iter_num >= 5 and peak:  # let the training loop settle a bit
                 mfu = flops_per_token * tokens_per_iter / world_size / dt / peak
                 running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu
@@ -557,14 +531,35 @@ def train(config=None, **overrides):
             'model': raw_model}
 
 
+def reports_errors():
+    """Whether this process prints the errors that every process of a torchrun run finds alike (config,
+    data, checkpoint): one per node (LOCAL_RANK 0), so that under torchrun they read as one line, as
+    without it. Per node rather than rank 0 alone: a dataset missing on one node is seen there."""
+    return int(os.environ.get('LOCAL_RANK', 0)) == 0
+
+
+def exit_after_reporter(code):
+    """Exit a process that leaves the error to the reporting one, a moment later: torchrun stops all
+    processes as soon as one has failed, which could stop the reporter before it has printed. In the
+    usual case the reporter fails at the same point, exits first, and torchrun stops this one at once."""
+    time.sleep(5)
+    sys.exit(code)
+
+
 def main(argv=None):
-    config = configure(DEFAULTS, argv)
+    # the command line is parsed here, not by configure(argv=None), whose error exit would print the
+    # error once per process under torchrun
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        train(config)
+        train(configure(DEFAULTS, argv))
     except ConfigError as e:
+        if not reports_errors():
+            exit_after_reporter(2)
         print(f"config error: {e}", file=sys.stderr)
         sys.exit(2)
     except (NonFiniteLossError, CheckpointError, FileNotFoundError) as e:
+        if not reports_errors():
+            exit_after_reporter(1)
         sys.exit(f"error: {e}")
     finally:
         import gc

@@ -13,21 +13,19 @@ across key positions, one panel per (head, term); plus heat maps of A, B and f o
     python visualize.py out/dape_kerple --layers=0,5,11 --length=2048 --query=1000
     python visualize.py out/dape_kerple --random=True                      # random tokens, no data needed
 
-The terms are recomputed for the chosen rows from the layer's own modules (c_attn, the encoding's
-rotate/bias/logits, the DAPE module) fed with the layer's actual input, captured by a hook; they are
-checked against the layer's real output (softmax(mask(A + B + f)) . V through c_proj must reproduce
-it), so what is drawn is what the model computes. Writes PNGs and an .npz of the arrays to out_dir.
+The terms come from the model itself (model.SelfAttention.terms, the same code as its forward) for the
+chosen rows, fed with the layer's actual input, captured by a hook; the tests check that they give
+back the layer's real output, so what is drawn is what the model computes. Writes PNGs and an .npz of the arrays to out_dir.
 """
 
-import math
 import os
 import sys
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from eval_extrapolate import EvalError
+from common import InputError, load_run, load_val, pick_device, resolve_data_dir
+from configurator import ConfigError, configure
 
 # -----------------------------------------------------------------------------
 _names_before_config = set(globals())
@@ -80,44 +78,6 @@ def capture_layers(model, idx, layer_ids):
         for h in handles:
             h.remove()
     return captured
-
-
-@torch.no_grad()
-def attention_terms(attn, x, pe, pos_q, pos_k, rows):
-    """A, B, f(A, B), the pre-softmax logits and the attention probabilities of query rows `rows`
-    (sequence indices) of one layer, from its input x [1, T, C], all [H, R, T] float32 (B, f None where
-    the model has none); and `out` [R, C], the layer's output at those rows recomputed from them."""
-    _, T, C = x.shape
-    H, hs = attn.n_head, attn.head_size
-    q, k, v = attn.c_attn(x).split(C, dim=2)
-    q, k, v = (t.view(1, T, H, hs).transpose(1, 2) for t in (q, k, v))
-    if pe.rotary:
-        q, k = pe.rotate(q, pos_q), pe.rotate(k, pos_q)
-    qi = torch.as_tensor(rows, device=x.device)
-    ki = torch.arange(T, device=x.device)
-    qr = q[:, :, qi]
-    A = (qr @ k.transpose(-2, -1)).float() * (1.0 / math.sqrt(hs))
-    A_in = pe.logits(A, qr, qi, ki) if pe.contextual else A  # CoPE adds its position term to A
-    Bias = pe.bias(pos_q[qi], pos_k, qr, k) if pe.has_bias else None
-    if Bias is not None:
-        Bias = Bias.expand_as(A) if Bias.dim() == 4 else Bias[None].expand_as(A)
-    future = ki[None, :] > qi[:, None] if attn.causal else None
-    if attn.dape is not None:
-        logits = attn.dape(A_in, Bias, future)
-    else:
-        logits = A_in if Bias is None else A_in + Bias
-    # the position term drawn as "B": the bias, or CoPE's contextual term
-    P = Bias if Bias is not None else (A_in - A if pe.contextual else None)
-    f = None
-    if attn.dape is not None:  # logits = A + B + f, except the 'concat' variant (A + f) and no-bias PEs
-        added = Bias if Bias is not None and attn.dape.variant != 'concat' else 0.0
-        f = logits - A_in - added
-    masked = logits.masked_fill(future, float('-inf')) if future is not None else logits
-    att = F.softmax(masked, dim=-1)
-    y = (att.to(v.dtype) @ v).transpose(1, 2).reshape(1, len(qi), C)
-    out = attn.c_proj(y)[0]
-    sq = lambda t: None if t is None else t[0].float().cpu()
-    return {'A': sq(A), 'B': sq(P), 'f': sq(f), 'logits': sq(logits), 'att': sq(att), 'out': out.float().cpu()}
 
 
 def term_names(model):
@@ -195,17 +155,16 @@ def parse_layers(text, n_layer):
     try:
         ids = [int(v) for v in str(text).replace(' ', '').split(',') if v]
     except ValueError:
-        raise EvalError(f"--layers takes comma-separated layer indices or 'all', got {text!r}") from None
+        raise InputError(f"--layers takes comma-separated layer indices or 'all', got {text!r}") from None
     out = []
     for i in ids:
         if not -n_layer <= i < n_layer:
-            raise EvalError(f"--layers: layer {i} does not exist; the model has {n_layer} layers (0..{n_layer - 1})")
+            raise InputError(f"--layers: layer {i} does not exist; the model has {n_layer} layers (0..{n_layer - 1})")
         out.append(i % n_layer)
     return sorted(set(out))
 
 
 def visualize(cfg, path):
-    from eval_extrapolate import load_run, load_val, pick_device, resolve_data_dir
     dev = pick_device(cfg['device'])
     model, ck = load_run(path, dev)
     mc = model.config
@@ -229,7 +188,7 @@ def visualize(cfg, path):
         source = f"validation tokens {start}..{start + T - 1}"
     qpos = cfg['query'] % T if -T <= cfg['query'] < T else None
     if qpos is None:
-        raise EvalError(f"--query={cfg['query']} is outside a window of {T} tokens")
+        raise InputError(f"--query={cfg['query']} is outside a window of {T} tokens")
     idx = torch.as_tensor(tokens, dtype=torch.long, device=dev)[None]
     names = term_names(model)
     os.makedirs(cfg['out_dir'], exist_ok=True)
@@ -238,7 +197,7 @@ def visualize(cfg, path):
     caps = capture_layers(model, idx, layer_ids)
     for layer in layer_ids:
         c = caps[layer]
-        terms = attention_terms(model.transformer.h[layer].attn, c['x'], c['pe'], c['pos_q'], c['pos_k'], [qpos])
+        terms = model.transformer.h[layer].attn.terms(c['x'], c['pe'], c['pos_q'], [qpos])
         err = (terms['out'] - c['out'][0, qpos].float().cpu()).abs().max().item()
         scale = c['out'][0, qpos].abs().max().item()
         print(f"layer {layer}: recomputed attention output matches the model's to {err:.2e} (max |out| {scale:.2e})")
@@ -258,8 +217,7 @@ def visualize(cfg, path):
         caps = capture_layers(model, idx[:, :n], layer_ids)
         for layer in layer_ids:
             c = caps[layer]
-            terms = attention_terms(model.transformer.h[layer].attn, c['x'], c['pe'], c['pos_q'], c['pos_k'],
-                                    list(range(n)))
+            terms = model.transformer.h[layer].attn.terms(c['x'], c['pe'], c['pos_q'], list(range(n)))
             title = (f"{name} ({mc.pos}, dape={mc.dape}): layer {layer}, first {n} tokens of the window, "
                      f"all query rows (future keys blank)")
             p = os.path.join(cfg['out_dir'], f"{name}_layer{layer}_heatmap{n}.png")
@@ -279,7 +237,6 @@ def model_path(path):
 
 
 def main(argv=None):
-    from configurator import configure
     argv = sys.argv[1:] if argv is None else list(argv)
     if '-h' in argv or '--help' in argv:
         print(__doc__.strip() + '\n')  # then the configurator lists the keys and exits
@@ -288,14 +245,13 @@ def main(argv=None):
     cfg = configure({k: globals()[k] for k in config_keys}, rest)
     paths = bare + ([cfg['ckpt']] if cfg['ckpt'] else [])
     if len(paths) != 1:
-        raise EvalError(f"give one checkpoint (python visualize.py out/dape_kerple), got {paths or 'none'}")
+        raise InputError(f"give one checkpoint (python visualize.py out/dape_kerple), got {paths or 'none'}")
     return visualize(cfg, paths[0])
 
 
 if __name__ == '__main__':
-    from configurator import ConfigError
     try:
         main()
-    except (EvalError, ConfigError) as e:
+    except (InputError, ConfigError) as e:
         print(f"visualize.py: error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -15,6 +15,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, 'data'))
 import prepare_common as pc  # noqa: E402
+import common  # noqa: E402
 import tokenizer  # noqa: E402
 
 
@@ -287,7 +288,7 @@ def test_failed_reprepare_keeps_the_good_dataset(tmp_path):
     with pytest.raises(ValueError, match="val.bin would be empty.*left as it was"):
         mod.main(['--src', str(tmp_path / 'one'), '--out_dir', str(out)])
     assert {f: open(out / f, 'rb').read() for f in os.listdir(out)} == old_files  # no temporary file either
-    meta, _ = train.load_dataset(str(out), 'out')
+    meta, _ = common.check_dataset(str(out), "out")
     assert meta['val_documents'] == ['gamma']
 
 

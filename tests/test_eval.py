@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import eval_extrapolate as E
+from common import InputError, pick_device
 import visualize as V
 from configurator import ConfigError
 from model import GPT, GPTConfig
@@ -33,7 +34,7 @@ def make_data(root, name='tiny', n=3000, tokenizer='byte', seed=0):
     return d
 
 
-def make_ckpt(root, run, seed=0, dataset='tiny', train=None, **kw):
+def make_ckpt(root, run, seed=0, dataset='tiny', train=None, iter_num=7, **kw):
     """A checkpoint in train.py's format (random weights) at root/out/run/ckpt.pt. `train` updates its
     training config; train=False saves none (checkpoints older than the config)."""
     torch.manual_seed(seed)
@@ -42,7 +43,7 @@ def make_ckpt(root, run, seed=0, dataset='tiny', train=None, **kw):
     out = os.path.join(root, 'out', run)
     os.makedirs(out, exist_ok=True)
     ckpt = {'model': model.state_dict(), 'optimizer': {}, 'model_args': dataclasses.asdict(model.config),
-            'iter_num': 7, 'best_val_loss': 5.0, 'dataset': dataset,
+            'iter_num': iter_num, 'best_val_loss': 5.0, 'dataset': dataset,
             'config': dict(args, dataset=dataset, data_root=os.path.join(root, 'data'), seed=seed, out_dir=out,
                            learning_rate=6e-4, max_iters=100, batch_size=4)}
     if train is False:
@@ -72,7 +73,7 @@ def test_window_ends_deterministic_on_a_grid_and_leave_room():
     assert all((2999 - e) % 256 == 0 for e in a)  # grid of step K: scored stretches never overlap
     assert len(set(a.tolist())) == 5
     assert len(E.window_ends(600, 512, 256, 10, seed=0)) == 1  # only room for one
-    with pytest.raises(E.EvalError):
+    with pytest.raises(InputError):
         E.window_ends(100, 512, 256, 5, seed=0)
 
 
@@ -166,6 +167,93 @@ def test_evaluate_protocol_tables_and_files(tmp_path):
     assert res2['runs'][0]['results'][64]['ppl'] == by_name['dape_kerple_s1']['results'][64]['ppl']
 
 
+def test_unequal_training_is_noted_and_marked(tmp_path, capsys):
+    """Kerple trained to its max_iters, DAPE-Kerple stopped early at 250 of the same 600: one table and
+    one Welch test, but with notes (printed and in results.json) and a marked p-value row."""
+    root = str(tmp_path)
+    make_data(root)
+    six = dict(max_iters=600, gradient_accumulation_steps=1)
+    for s in (1, 2):
+        make_ckpt(root, f'kerple_s{s}', s, pos='kerple', train=six, iter_num=600)
+        make_ckpt(root, f'dape_kerple_s{s}', s, pos='kerple', dape='v1', train=six, iter_num=250)
+    out = str(tmp_path / 'r')
+    res = E.evaluate(cfg(out_dir=out, lengths='16,32'), [os.path.join(root, 'out')])
+    printed = capsys.readouterr().out
+    tokens = 4 * 1 * 32  # batch_size x gradient_accumulation_steps x block_size per iteration
+    want = ["the compared models were trained for different numbers of iterations: dape-kerple 250, kerple 600",
+            f"the compared models were trained for different numbers of tokens: dape-kerple {250 * tokens:,}, "
+            f"kerple {600 * tokens:,}",
+            "dape_kerple_s1 (dape-kerple) was saved at iteration 250 of its max_iters 600"]
+    for w in want:
+        assert any(n.startswith(w) for n in res['notes']), (w, res['notes'])
+        assert f"note: {w}" in printed
+    assert not any('kerple_s1 (kerple)' in n for n in res['notes'])  # finished runs are not flagged
+    (c,) = res['comparisons']
+    assert c['unequal_training'] == 'different iterations, different tokens seen, stopped before max_iters'
+    assert '(!)' in E.pvalue_table(res['comparisons'], res['lengths']).splitlines()[2]
+    with open(os.path.join(out, 'results.json')) as f:
+        saved = json.load(f)
+    assert saved['notes'] == res['notes'] and saved['comparisons'][0]['unequal_training'] == c['unequal_training']
+    assert '(!)' in open(os.path.join(out, 'results.md')).read()
+
+    # trained alike, to the end: no note, no marker
+    alike = [make_ckpt(root, f'done_{name}_s{s}', s, pos='kerple', dape=dape, train=six, iter_num=600)
+             for name, dape in (('k', 'none'), ('dk', 'v1')) for s in (1, 2)]
+    res = E.evaluate(cfg(out_dir=out, lengths='16'), alike)
+    assert res['notes'] == [] and res['comparisons'][0]['unequal_training'] is None
+    assert '(!)' not in E.pvalue_table(res['comparisons'], res['lengths'])
+
+
+def plot_groups(curves, lengths, block_size=64):
+    """A group_runs-like results set for plot_ppl: {(pos, dape): [per-seed perplexities per length]}."""
+    groups = []
+    for (pos, dape), per_seed in curves.items():
+        args = dict(dataclasses.asdict(GPTConfig(**TINY)), pos=pos, dape=dape, block_size=block_size)
+        ppl = {}
+        for i, L in enumerate(lengths):
+            vals = [seed[i] for seed in per_seed]
+            m, s = E.mean_std(vals)
+            ppl[L] = {'status': 'ok', 'mean': m, 'std': s, 'n': len(vals), 'values': vals}
+        groups.append({'label': E.base_label(args), 'n': len(per_seed), 'model_args': args, 'training': None,
+                       'data_dir': 'd', 'block_size': block_size, 'ppl': ppl})
+    return groups
+
+
+def test_plot_tells_every_curve_apart(tmp_path):
+    from matplotlib.colors import to_hex
+    lengths = [64, 128, 256, 512, 1024]
+    # six models as in the demo: three Kerple curves close together, RoPE far above them; seeds for two
+    curves = {('kerple', 'none'): [[5.78, 6.00, 5.98, 6.00, 6.02], [5.80, 5.98, 5.99, 6.01, 6.00]],
+              ('kerple', 'v1'): [[5.77, 5.82, 5.76, 5.74, 5.74], [5.75, 5.80, 5.77, 5.75, 5.72]],
+              ('kerple', 'v2'): [[5.63, 5.67, 5.60, 5.58, 5.59]],
+              ('alibi', 'none'): [[6.27, 6.33, 6.31, 6.28, 6.29]],
+              ('alibi', 'v1'): [[6.10, 6.12, 6.08, 6.07, 6.07]],
+              ('rope', 'none'): [[5.65, 6.05, 7.77, 15.01, 23.96]]}
+    path = str(tmp_path / 'ppl.png')
+    fig = E.plot_ppl(plot_groups(curves, lengths), lengths, {'eval_tokens': 256, 'num_windows': 16}, path)
+    with open(path, 'rb') as f:
+        assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+    full, zoom = fig.axes  # RoPE rises past 2x of the best: a second panel zooms on the others
+    lines = {ln.get_label(): to_hex(ln.get_color()) for ln in full.get_lines() if ln.get_label() != 'training length'
+             and not ln.get_label().startswith('_')}
+    assert len(lines) == 6 and len(set(lines.values())) == 6, lines
+    assert set(lines) >= {'kerple (n=2)', 'dape-kerple (n=2)', 'dapev2-kerple', 'rope'}
+    zoomed = {ln.get_label(): to_hex(ln.get_color()) for ln in zoom.get_lines() if not ln.get_label().startswith('_')
+              and ln.get_label() != 'training length'}
+    assert 'rope' not in zoomed and len(zoomed) == 5 and all(lines[k] == v for k, v in zoomed.items())
+    assert zoom.get_ylim()[1] < 7  # the zoom spans the close curves, not RoPE's 24
+    for ax in (full, zoom):
+        assert ax.get_yscale() == 'log' and ax.get_xscale() == 'log'
+        assert [t.get_text() for t in ax.get_xticklabels()] == ['64\n1x', '128\n2x', '256\n4x', '512\n8x', '1024\n16x']
+    assert full.collections  # bands of one std for the models with two seeds
+
+    # all curves within 2x of the best: one panel, still log, still one colour each
+    close = {k: v for k, v in curves.items() if k[0] != 'rope'}
+    fig = E.plot_ppl(plot_groups(close, lengths), lengths, {'eval_tokens': 256, 'num_windows': 16}, path)
+    assert len(fig.axes) == 1 and fig.axes[0].get_yscale() == 'log'
+    assert len({ln.get_color() for ln in fig.axes[0].get_lines() if not ln.get_label().startswith('_')}) == 6
+
+
 def test_default_lengths_and_labels(tmp_path):
     assert E.default_lengths({512}, 8192) == [512, 1024, 2048, 4096, 8192]
     assert E.default_lengths({128, 512}, 1024) == [128, 256, 512, 1024]
@@ -185,24 +273,24 @@ def test_labels_override_and_user_errors(tmp_path):
     a, b = make_ckpt(root, 'a', 1), make_ckpt(root, 'b', 2)
     res = E.evaluate(cfg(out_dir=str(tmp_path / 'r'), lengths='32', labels='mine,mine'), [a, b])
     assert [g['label'] for g in res['groups']] == ['mine'] and res['groups'][0]['n'] == 2
-    with pytest.raises(E.EvalError, match='--labels'):
+    with pytest.raises(InputError, match='--labels'):
         E.evaluate(cfg(lengths='32', labels='x'), [a, b])
-    with pytest.raises(E.EvalError, match='no checkpoint'):
+    with pytest.raises(InputError, match='no checkpoint'):
         E.evaluate(cfg(lengths='32'), [str(tmp_path / 'missing')])
     with open(tmp_path / 'bad.pt', 'wb') as f:
         f.write(b'not a checkpoint')
-    with pytest.raises(E.EvalError, match='bad.pt'):
+    with pytest.raises(InputError, match='bad.pt'):
         E.evaluate(cfg(lengths='32'), [str(tmp_path / 'bad.pt')])
     enc = make_ckpt(root, 'encoder', causal=False)
-    with pytest.raises(E.EvalError, match='causal'):
+    with pytest.raises(InputError, match='causal'):
         E.evaluate(cfg(lengths='32'), [enc])
     nodata = make_ckpt(root, 'nodata', dataset='absent')
-    with pytest.raises(E.EvalError, match='--data_dir'):
+    with pytest.raises(InputError, match='--data_dir'):
         E.evaluate(cfg(lengths='32'), [nodata])
     make_data(root, name='bpe', tokenizer='gpt2')
-    with pytest.raises(E.EvalError, match='vocabulary'):
+    with pytest.raises(InputError, match='vocabulary'):
         E.evaluate(cfg(lengths='32', data_dir=os.path.join(root, 'data', 'bpe'), out_dir=str(tmp_path / 'r')), [a])
-    with pytest.raises(E.EvalError, match='lengths'):
+    with pytest.raises(InputError, match='lengths'):
         E.evaluate(cfg(lengths='32,abc'), [a])
 
 
@@ -251,7 +339,7 @@ def test_pairs_checked_before_evaluation(tmp_path, monkeypatch):
         m.setattr(E, 'evaluate_run', no_evaluation)
         for bad, msg in (('x:y', "no run is labelled \\['x', 'y'\\]"), ('dape-kerple', 'not'),
                          ('dape-kerple:', 'not'), ('kerple:kerple', 'itself')):
-            with pytest.raises(E.EvalError, match=msg):
+            with pytest.raises(InputError, match=msg):
                 E.evaluate(cfg(lengths='16', pairs=bad), runs)
     assert E.split_pairs('a[x=1,y=2]:b, c:d,') == ['a[x=1,y=2]:b', 'c:d']
     res = E.evaluate(cfg(out_dir=str(tmp_path / 'r'), lengths='16', pairs='kerple:dape-kerple'), runs)
@@ -266,11 +354,11 @@ def test_tokenizer_mismatch_refused(tmp_path):
     bpe = make_ckpt(root, 'bpe', dataset='bpe', vocab_size=50304)
     lost = make_ckpt(root, 'lost', dataset='absent', vocab_size=50304)  # its training data is not here
     byte = make_ckpt(root, 'byte', dataset='chars')
-    with pytest.raises(E.EvalError, match=r"trained on 'gpt2' tokens \(.*bpe/meta.json says so\).*'byte'"):
+    with pytest.raises(InputError, match=r"trained on 'gpt2' tokens \(.*bpe/meta.json says so\).*'byte'"):
         E.evaluate(cfg(lengths='16', data_dir=byte_data), [bpe])
-    with pytest.raises(E.EvalError, match=r"trained on 'gpt2' tokens \(its vocab_size 50304"):
+    with pytest.raises(InputError, match=r"trained on 'gpt2' tokens \(its vocab_size 50304"):
         E.evaluate(cfg(lengths='16', data_dir=byte_data), [lost])
-    with pytest.raises(E.EvalError, match='vocabulary'):  # the other way round: ids past the model's vocabulary
+    with pytest.raises(InputError, match='vocabulary'):  # the other way round: ids past the model's vocabulary
         E.evaluate(cfg(lengths='16', data_dir=bpe_data), [byte])
     # each on its own tokenizer's data is fine
     res = E.evaluate(cfg(out_dir=str(tmp_path / 'r'), lengths='16', data_dir=bpe_data), [lost])
@@ -287,7 +375,7 @@ def test_missing_gpu_is_reported_as_such(tmp_path, monkeypatch):
             E.evaluate(cfg(lengths='16', device=dev), [a])
     with pytest.raises(ConfigError, match='not a device'):
         E.evaluate(cfg(lengths='16', device='gpu'), [a])
-    assert E.pick_device('auto') == 'cpu'
+    assert pick_device('auto') == 'cpu'
 
 
 def test_cli_positional_checkpoints_and_error_exit(tmp_path):
@@ -345,24 +433,6 @@ def test_welch_matches_scipy_on_random_inputs():
 
 
 # -----------------------------------------------------------------------------
-# timing mode
-
-
-def test_timing_mode(tmp_path):
-    c = cfg(timing=True, timing_methods='kerple,dape-kerple,learned', timing_lengths='16,64',
-            timing_block_size=32, timing_vocab=64, n_layer=1, n_head=2, n_embd=16, timing_repeats=1,
-            out_dir=str(tmp_path))
-    ms = E.run_timing(c)
-    assert ms['kerple'][16] > 0 and ms['learned'][64] is None  # learned cannot run past its table
-    saved = json.load(open(tmp_path / 'timing.json'))
-    assert saved['reference'] == 'dape-kerple' and saved['ratio']['dape-kerple'] == 1.0
-    assert saved['ratio']['learned'] is None
-    assert 'ratio to dape-kerple' in open(tmp_path / 'timing.md').read()
-    with pytest.raises(E.EvalError, match='nonsense'):
-        E.run_timing(dict(c, timing_methods='nonsense'))
-
-
-# -----------------------------------------------------------------------------
 # visualize.py
 
 
@@ -386,7 +456,7 @@ def test_visualized_terms_reproduce_the_layer(kw):
     for layer in (0, 1):
         c = caps[layer]
         rows = [0, 17, 49]
-        t = V.attention_terms(model.transformer.h[layer].attn, c['x'], c['pe'], c['pos_q'], c['pos_k'], rows)
+        t = model.transformer.h[layer].attn.terms(c['x'], c['pe'], c['pos_q'], rows)
         torch.testing.assert_close(t['out'], c['out'][0, rows], rtol=1e-4, atol=1e-6)
         torch.testing.assert_close(t['att'].sum(-1), torch.ones(2, 3))
         assert (t['att'][:, 0, 1:] == 0).all()  # causal: row 0 sees key 0 only
@@ -417,5 +487,5 @@ def test_visualize_writes_figures(tmp_path):
     c.update(random=True, query=10, layers='-1', heatmap_len=0, length=8192)
     written = V.visualize(c, ck2)
     assert [os.path.basename(w) for w in written] == ['learned_layer1_q10_rows.png', 'learned_terms.npz']
-    with pytest.raises(E.EvalError, match='layers'):
+    with pytest.raises(InputError, match='layers'):
         V.visualize(dict(c, layers='5'), ck2)

@@ -9,7 +9,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from dape import DAPEV1, DAPEV2, VARIANTS
-from model import GPT, GPTConfig, KVCache, load_checkpoint
+from common import load_checkpoint
+from model import GPT, GPTConfig, KVCache
 from positional import ENCODINGS, alibi_slopes, t5_relative_bucket
 
 POS = list(ENCODINGS)

@@ -11,7 +11,7 @@ import torch
 
 import sample as S
 from configurator import ConfigError
-from eval_extrapolate import EvalError
+from common import InputError
 from model import GPT, GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -72,7 +72,7 @@ def test_bpe_samples(tmp_path):
     assert out[0].startswith('Hello world') and len(out[0]) > len('Hello world')
     # a byte dataset's checkpoint cannot read a BPE prompt
     byte_ck = make_ckpt(root, 'byte', 'bpe')
-    with pytest.raises(EvalError, match='vocabulary'):
+    with pytest.raises(InputError, match='vocabulary'):
         S.sample(cfg(start='Hello world'), byte_ck)
 
 
@@ -84,16 +84,16 @@ def test_tokenizer_inferred_without_the_dataset(tmp_path):
 def test_errors(tmp_path):
     root = str(tmp_path)
     make_data(root, 'chars', 'byte')
-    with pytest.raises(EvalError, match='no checkpoint'):
+    with pytest.raises(InputError, match='no checkpoint'):
         S.sample(cfg(), str(tmp_path / 'missing'))
     (tmp_path / 'bad.pt').write_bytes(b'garbage')
-    with pytest.raises(EvalError, match='bad.pt'):
+    with pytest.raises(InputError, match='bad.pt'):
         S.sample(cfg(), str(tmp_path / 'bad.pt'))
-    with pytest.raises(EvalError, match='causal'):
+    with pytest.raises(InputError, match='causal'):
         S.sample(cfg(), make_ckpt(root, 'enc', 'chars', causal=False))
-    with pytest.raises(EvalError, match='learned'):
+    with pytest.raises(InputError, match='learned'):
         S.sample(cfg(max_new_tokens=40), make_ckpt(root, 'learned', 'chars', pos='learned', dape='none'))
-    with pytest.raises(EvalError, match='not found'):
+    with pytest.raises(InputError, match='not found'):
         S.sample(cfg(start='FILE:/nonexistent/prompt.txt'), make_ckpt(root, 'ok', 'chars'))
 
 
@@ -117,12 +117,12 @@ def test_tokenizer_must_fit_the_model(tmp_path, capsys):
     make_data(root, 'bpe', 'gpt2')
     bpe_ck = make_ckpt(root, 'bpe', 'bpe', vocab_size=50304, n_embd=8, dape='none')
     # a BPE model pointed at a byte dataset: an error before generating, not a failed byte decode
-    with pytest.raises(EvalError, match=r"vocabulary \(50304, the 'gpt2' tokenizer's\) does not match the 'byte'.*"
+    with pytest.raises(InputError, match=r"vocabulary \(50304, the 'gpt2' tokenizer's\) does not match the 'byte'.*"
                                         r"--data_dir=.*the checkpoint says 'bpe'"):
         S.sample(cfg(data_dir=os.path.join(root, 'data', 'chars')), bpe_ck)
     # the same through the checkpoint's own dataset, re-prepared with the other tokenizer
     make_data(root, 'bpe', 'byte')
-    with pytest.raises(EvalError, match="does not match the 'byte' tokenizer"):
+    with pytest.raises(InputError, match="does not match the 'byte' tokenizer"):
         S.sample(cfg(), bpe_ck)
     # a byte model whose embedding train.py padded (vocab_size=300) still samples; padding ids sampled
     # by its random weights are left out of the text, with a note
@@ -133,7 +133,7 @@ def test_tokenizer_must_fit_the_model(tmp_path, capsys):
     # a damaged meta.json is a one-line error too
     with open(os.path.join(root, 'data', 'chars', 'meta.json'), 'w') as f:
         f.write('{')
-    with pytest.raises(EvalError, match='cannot read the tokenizer'):
+    with pytest.raises(InputError, match='cannot read the tokenizer'):
         S.sample(cfg(), ck)
 
 
@@ -146,7 +146,7 @@ def test_tokenizer_must_fit_the_model(tmp_path, capsys):
 ])
 def test_options_out_of_range(tmp_path, key, value, message):
     # checked before the checkpoint is read: none is needed
-    with pytest.raises(EvalError, match=message):
+    with pytest.raises(InputError, match=message):
         S.sample(cfg(**{key: value}), str(tmp_path / 'missing'))
 
 

@@ -14,7 +14,8 @@ import torch
 
 import train
 from configurator import ConfigError, configure
-from model import GPT, GPTConfig, load_checkpoint
+from common import load_checkpoint
+from model import GPT, GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, gradient_accumulation_steps=2,

@@ -1,0 +1,208 @@
+"""
+What several scripts share: the device and dtype they run in, and reading checkpoints and datasets.
+Scripts import this file (and the library files model.py, tokenizer.py, configurator.py), never each
+other.
+
+The one device and dtype rule (train.py, eval_extrapolate.py, sample.py, visualize.py, che_tasks.py):
+- device='auto' is the first CUDA GPU when there is one, else the CPU; a named device this machine
+  lacks is an error.
+- dtype='auto' is bfloat16 autocast on a CUDA GPU that supports it, and float32 everywhere else.
+  bfloat16 keeps float32's range, so training needs no loss scaling; float16 does (train.py then uses a
+  GradScaler), so it is used only when asked for. On the CPU, autocast makes these models slower and
+  less precise, so 'auto' stays in float32 there; an explicit dtype is honoured on any device.
+"""
+
+import os
+from contextlib import nullcontext
+from dataclasses import fields
+
+import numpy as np
+import torch
+
+from configurator import check_device
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
+
+
+class InputError(ValueError):
+    """A problem with the user's input (checkpoint, data, options): scripts print it as one line."""
+
+
+# -----------------------------------------------------------------------------
+# device and dtype
+
+
+def pick_device(name):
+    """--device as a torch device name, 'auto' resolved; one this machine lacks is an error."""
+    if name == 'auto':
+        return 'cuda' if torch.cuda.is_available() else 'cpu'
+    check_device(name)
+    return name
+
+
+def pick_dtype(name, device):
+    """--dtype as a torch dtype, 'auto' resolved by the rule above."""
+    if name == 'auto':
+        bf16 = device.startswith('cuda') and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if bf16 else torch.float32
+    if name not in DTYPES:
+        raise InputError(f"dtype must be auto, {', '.join(DTYPES)}; got {name!r}")
+    return DTYPES[name]
+
+
+def autocast(device, dtype):
+    """The context the model runs in: autocast to dtype, or nothing for float32."""
+    if dtype == torch.float32:
+        return nullcontext()
+    return torch.autocast(device_type=device.split(':')[0], dtype=dtype)
+
+
+# -----------------------------------------------------------------------------
+# checkpoints
+
+
+def read_checkpoint_file(path, keys=('model', 'model_args'), device='cpu'):
+    """torch.load a train.py checkpoint file, checked: an unreadable file, or one without all of `keys`,
+    is a ValueError naming it (the file is only read)."""
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=True)
+    except Exception as e:
+        raise ValueError(f"{path} is not a readable checkpoint ({type(e).__name__}: {e}); "
+                         f"it may be truncated or not written by train.py") from e
+    missing = [k for k in keys if k not in ckpt] if isinstance(ckpt, dict) else list(keys)
+    if missing:
+        raise ValueError(f"{path} is not a train.py checkpoint: it lacks {missing}")
+    return ckpt
+
+
+def load_checkpoint(path, device='cpu'):
+    """Load a train.py checkpoint (a ckpt.pt file or the out_dir holding one) and build its model.
+    Returns (model, checkpoint dict). Errors name the file and what to do."""
+    from model import GPT, GPTConfig
+    if os.path.isdir(path):
+        path = os.path.join(path, 'ckpt.pt')
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no checkpoint at {path}; train one first: python train.py <config> --out_dir=...")
+    ckpt = read_checkpoint_file(path, device=device)
+    unknown = set(ckpt['model_args']) - {f.name for f in fields(GPTConfig)}
+    if unknown:
+        raise ValueError(f"{path} has model options this model.py does not know: {sorted(unknown)}")
+    model = GPT(GPTConfig(**ckpt['model_args']))
+    state = {}
+    for k, v in ckpt['model'].items():  # torch.compile and DDP wrap names; the model does not
+        for prefix in ('_orig_mod.', 'module.'):
+            k = k[len(prefix):] if k.startswith(prefix) else k
+        state[k] = v
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{path} does not match its own model_args: missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}")
+    return model.to(device), ckpt
+
+
+def load_run(path, device):
+    """A causal language model from a checkpoint, in eval mode on device: (model, checkpoint dict)."""
+    try:
+        # read onto the CPU, then move: a device problem is then never reported as a bad file
+        model, ckpt = load_checkpoint(path, 'cpu')
+    except FileNotFoundError as e:
+        raise InputError(str(e)) from e
+    except (ValueError, TypeError) as e:  # unreadable file, or model_args this model.py rejects
+        raise InputError(f"cannot load {path}: {e}") from e
+    if not model.config.causal:
+        raise InputError(f"{path} holds a bidirectional model (causal=False, a CHE encoder?): this needs "
+                         f"a causal language model; evaluate it with che_tasks.py")
+    model.to(device).eval()
+    return model, ckpt
+
+
+def find_checkpoints(paths):
+    """ckpt.pt files for the given paths: a .pt file, a directory holding ckpt.pt, or a directory whose
+    immediate subdirectories hold ckpt.pt (e.g. out/ with out/kerple_s1, out/kerple_s2, ...)."""
+    found = []
+    for p in paths:
+        if os.path.isfile(p):
+            found.append(p)
+        elif os.path.isfile(os.path.join(p, 'ckpt.pt')):
+            found.append(os.path.join(p, 'ckpt.pt'))
+        elif os.path.isdir(p):
+            subs = sorted(os.path.join(p, d, 'ckpt.pt') for d in os.listdir(p)
+                          if os.path.isfile(os.path.join(p, d, 'ckpt.pt')))
+            if not subs:
+                raise InputError(f"no checkpoint in '{p}': neither {p}/ckpt.pt nor {p}/*/ckpt.pt exists; "
+                                 f"train one first (python train.py ... --out_dir={p})")
+            found += subs
+        else:
+            raise InputError(f"no checkpoint at '{p}'; train one first (python train.py ... --out_dir={p})")
+    return found
+
+
+# -----------------------------------------------------------------------------
+# datasets
+
+
+def check_dataset(data_dir, name):
+    """Check data_dir/{train,val}.bin against meta.json; return (meta, numpy dtype).
+    Any missing or inconsistent file is an error naming the prepare command."""
+    from tokenizer import load_meta
+    prepare = f"python data/{name}/prepare.py"
+    meta = load_meta(data_dir)
+    if meta.get('dtype') not in ('uint8', 'uint16'):
+        raise ValueError(f"{data_dir}/meta.json: dtype must be 'uint8' or 'uint16', got "
+                         f"{meta.get('dtype')!r}; re-run `{prepare} --force`")
+    dt = np.dtype(meta['dtype'])
+    if meta['vocab_size'] > np.iinfo(dt).max + 1:
+        raise ValueError(f"{data_dir}/meta.json: vocab_size {meta['vocab_size']} does not fit {dt}; "
+                         f"re-run `{prepare} --force`")
+    for split in ('train', 'val'):
+        path = os.path.join(data_dir, f'{split}.bin')
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path} not found: dataset '{name}' is not (fully) prepared. Run `{prepare}`.")
+        size = os.path.getsize(path)
+        if size % dt.itemsize:
+            raise ValueError(f"{path} has {size} bytes, not a multiple of {dt} ({dt.itemsize} bytes): "
+                             f"truncated or written with another dtype; re-run `{prepare} --force`")
+        expected = meta.get(f'{split}_tokens')
+        if expected is not None and size // dt.itemsize != expected:
+            raise ValueError(f"{path} holds {size // dt.itemsize} tokens but meta.json says {expected}: "
+                             f"stale or truncated; re-run `{prepare} --force`")
+    return meta, dt
+
+
+def training_data_dirs(ckpt):
+    """Where the checkpoint's training data may be, from train.py's config: data_root/dataset."""
+    cfg = ckpt.get('config') or {}
+    name = ckpt.get('dataset') or cfg.get('dataset')
+    candidates = [d for d in (cfg.get('data_dir'), name and os.path.join(cfg.get('data_root') or 'data', name),
+                              name and os.path.join('data', name)) if d]
+    return list(dict.fromkeys(candidates))
+
+
+def find_data_dir(candidates, filename):
+    for d in candidates:
+        for base in ('', ROOT):  # relative to the working directory, then to the repository
+            path = os.path.join(base, d)
+            if os.path.isfile(os.path.join(path, filename)):
+                return path
+    return None
+
+
+def resolve_data_dir(ckpt, override=''):
+    """The validation data of a checkpoint: --data_dir, else train.py's data_root/dataset."""
+    candidates = [override] if override else training_data_dirs(ckpt)
+    if not candidates:
+        raise InputError("the checkpoint does not say which dataset it was trained on; pass --data_dir=data/<name>")
+    path = find_data_dir(candidates, 'val.bin')
+    if path is None:
+        raise InputError(f"validation data not found: no val.bin in {' or '.join(candidates)}; prepare the dataset "
+                         f"(python data/<name>/prepare.py) or pass --data_dir=")
+    return path
+
+
+def load_val(path):
+    """The validation split as a read-only memmap, and the dataset's meta.json."""
+    from tokenizer import load_meta
+    meta = load_meta(path)
+    data = np.memmap(os.path.join(path, 'val.bin'), dtype=np.dtype(meta['dtype']), mode='r')
+    return data, meta
