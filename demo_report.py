@@ -96,7 +96,10 @@ Bits per byte:
 
 {table(results, 'bpb', '{:.4f}')}
 
-![perplexity against evaluation length](docs/demo_ppl_vs_length.png)
+![perplexity against evaluation length, one colour per model](docs/demo_ppl_vs_length.png)
+
+Perplexity on a log axis against the evaluation length (log2 axis, with its multiple of the training
+length); when some curves rise past twice the best perplexity, the right panel zooms on the others.
 
 What these numbers show (computed by `demo_report.py` from the table above):
 

@@ -24,6 +24,9 @@ Protocol (paper §4 "Datasets" and Appendix, "the last 256 tokens"; docs/evaluat
   trained, like out_dir or eval_interval, may differ). A group gets mean ± std (sample std, ddof=1) per
   length, and for every DAPE-X group whose plain X group (trained alike) is also present, Welch's
   two-sided t-test p-value per length (Table 5).
+- Models trained for unequal lengths are compared with a note (printed, and under 'notes' in
+  results.json): labels that differ in training iterations or tokens seen, and checkpoints saved before
+  their own max_iters. The Welch rows of such pairs are marked (!).
 - The data must be in the tokenizer the model was trained with; a mismatch is an error.
 
 Outputs (`out_dir`, default results/): results.json (everything, including per-window losses),
@@ -668,7 +671,8 @@ def plot_ppl(groups, eval_lengths, protocol, path):
         ax.set_xticklabels([f"{L}\n{L / blocks[0]:g}x" if len(blocks) == 1 else str(L) for L in eval_lengths],
                            rotation=0 if len(eval_lengths) < 8 else 45, fontsize=8)
         ax.set_yscale('log')
-        values = [v for *_, ys, errs in shown for y, e in zip(ys, errs) for v in (y - e, y + e)]
+        # (a std as large as the mean would put the axis at or below 0, where a log axis has nothing)
+        values = [v for *_, ys, errs in shown for y, e in zip(ys, errs) for v in (max(y - e, y / 2), y + e)]
         if values:
             lo, hi = min(values), max(values)
             pad = (hi / lo) ** 0.06 if hi > lo else 1.02
