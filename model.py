@@ -60,7 +60,9 @@ class GPTConfig:
     dape_kernel: int = 3  # V2's kernel (1, k) along the key axis
     dape_impl: str = "auto"  # auto: dape_triton.py's fused kernel on CUDA, else dape_torch.py; triton; torch
     causal: bool = True  # False: a bidirectional encoder (CHE)
-    bidir_bias: str = "alibi"  # causal=False: which distance biases put a key on the left half a step nearer (tells left from right): alibi (Ruoss et al.), all, none
+    # causal=False: which distance biases put a key on the left half a step nearer, so that they tell left
+    # from right: alibi (as Ruoss et al.'s reference), all (ALiBi, Kerple, Kerple-power, FIRE), none
+    bidir_bias: str = "alibi"
     rand_pos: bool = False  # randomized positions while training (Ruoss et al. 2023)
     rand_pos_max: int = 0  # positions are drawn from [0, rand_pos_max); 0: 4 * block_size
     rand_pos_eval: bool = False  # draw them at evaluation too (Ruoss et al.'s CHE protocol); False: 0..T-1

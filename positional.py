@@ -35,20 +35,34 @@ class PositionalEncoding(nn.Module):
     needs_content = False
     per_layer = True
     uses_positions = True  # False: randomized positions would change nothing
+    distance_based = False  # the bias is a function of distance() alone (see bidir_bias)
 
     def __init__(self, config):
         super().__init__()
         self.n_head = config.n_head
         self.head_size = config.n_embd // config.n_head
         self.causal = config.causal
+        # Bidirectional attention with |i - j| gives a key on the left and a key on the right the same
+        # bias, so a distance-based encoding cannot tell them apart. Ruoss et al.'s ALiBi breaks the tie
+        # by adding 0.5 x slope below the diagonal, i.e. a key on the left is half a step nearer:
+        # distance d - 0.5. config.bidir_bias says which encodings do so: 'alibi' (the reference), 'all'
+        # the distance-based ones, 'none'. Causal attention sees only the left: nothing changes there.
+        mode = config.bidir_bias
+        asymmetric = mode == 'all' or (mode == 'alibi' and isinstance(self, ALiBi))
+        self.left_offset = 0.5 if not self.causal and self.distance_based and asymmetric else 0.0
 
     def reset_parameters(self):
         pass
 
     def distance(self, pos_q, pos_k):
-        """Float32 distances [Tq, Tk]: i - j clamped at 0 (causal) or |i - j| (bidirectional)."""
+        """Float32 distances [Tq, Tk]: i - j clamped at 0 (causal) or |i - j| (bidirectional), where a
+        key on the left (j before i) is left_offset nearer."""
         d = pos_q.float()[:, None] - pos_k.float()[None, :]
-        return d.clamp(min=0) if self.causal else d.abs()
+        if self.causal:
+            return d.clamp(min=0)
+        if self.left_offset:
+            return torch.where(d > 0, d - self.left_offset, -d)
+        return d.abs()
 
 
 def _clamp_forward(p, lo, hi=None):
@@ -115,26 +129,107 @@ class Sinusoidal(PositionalEncoding):
 
 
 class RoPE(PositionalEncoding):
-    """Su et al.: rotate pairs of q/k features by angle pos * base^(-2i/d); q.k then depends on i - j.
-    Angles are computed from the positions at every call: no cached table, so no length cap."""
+    """Su et al.: rotate pairs of q/k features by angle pos * theta_i, theta_i = base^(-2i/d) for
+    i = 0 .. d/2 - 1 (d the head size); q.k then depends on i - j. Angles are computed from the
+    positions at every call: no cached table, so no length cap.
+
+    Context extension at evaluation, set_scaling(kind, s): a model trained at length L read at s x L.
+    Nothing is trained; every method changes the frequencies theta_i (and YaRN the logits' scale):
+      pi    position interpolation (Chen et al. 2023): positions m -> m / s, i.e. theta_i -> theta_i / s.
+      ntk   "NTK-aware" scaling (bloc97 2023, as written in the YaRN paper): base -> base * s^(d/(d-2)),
+            so theta_0 stays as it is and the lowest frequency theta_{d/2-1} becomes theta_{d/2-1} / s.
+      yarn  YaRN (Peng et al. 2023), "NTK-by-parts" and a temperature. Dimension i has wavelength
+            lambda_i = 2 pi / theta_i and turns r_i = L / lambda_i times over the training length;
+            gamma(r) = 0 if r < alpha, 1 if r > beta, (r - alpha) / (beta - alpha) in between, and
+            h(theta_i) = (1 - gamma(r_i)) theta_i / s + gamma(r_i) theta_i: dimensions that turned
+            many times keep their frequency, those that turned less than alpha times are interpolated.
+            The logits are divided by t with sqrt(1/t) = 0.1 ln(s) + 1: the rotated q and k are both
+            multiplied by 0.1 ln(s) + 1, so q.k gains (0.1 ln(s) + 1)^2. The paper's alpha = 1,
+            beta = 32 are for LLaMA; with a short L no dimension may reach beta (all are interpolated
+            partly).
+    s = 1 (or kind 'none') leaves RoPE exactly as trained.
+    """
     rotary = True
     per_layer = False
+    SCALINGS = ('none', 'pi', 'ntk', 'yarn')
 
     def __init__(self, config, base=10000.0):
         super().__init__(config)
         if self.head_size % 2:
             raise ValueError(f"pos='rope' needs an even head size, got n_embd/n_head = {self.head_size}")
         self.base = base
+        self.original_length = config.block_size  # L of the scalings: the training length
+        self.set_scaling('none')
+
+    def set_scaling(self, kind='none', s=1.0, alpha=1.0, beta=32.0, original_length=None):
+        """Read the model at s times its training length with `kind` (see the class docstring)."""
+        if kind not in self.SCALINGS:
+            raise ValueError(f"unknown RoPE scaling {kind!r}; choose one of {', '.join(self.SCALINGS)}")
+        if not (math.isfinite(s) and s >= 1):
+            raise ValueError(f"the RoPE scale factor s must be >= 1 (it extends the context), got {s}")
+        if kind == 'yarn' and not 0 <= alpha < beta:
+            raise ValueError(f"YaRN needs 0 <= alpha < beta, got alpha={alpha}, beta={beta}")
+        if kind == 'ntk' and self.head_size < 4:
+            raise ValueError(f"NTK-aware scaling needs a head size >= 4 (base^(d/(d-2))), got {self.head_size}")
+        self.scaling, self.scale, self.alpha, self.beta = kind, float(s), float(alpha), float(beta)
+        self.original_length = original_length or self.original_length
+
+    def frequencies(self, device=None):
+        """theta_i [d/2] float32, scaled as set_scaling says."""
+        half = self.head_size // 2
+        i = torch.arange(half, device=device, dtype=torch.float32)
+        theta = self.base ** (-i / half)
+        s, kind = self.scale, self.scaling
+        if kind == 'none' or s == 1.0:  # exactly the trained frequencies
+            return theta
+        if kind == 'pi':
+            return theta / s
+        if kind == 'ntk':
+            d = self.head_size
+            return (self.base * s ** (d / (d - 2))) ** (-i / half)
+        r = self.original_length * theta / (2 * math.pi)  # yarn: turns over the training length
+        gamma = ((r - self.alpha) / (self.beta - self.alpha)).clamp(0.0, 1.0)
+        return (1 - gamma) * theta / s + gamma * theta
 
     def rotate(self, x, pos):
         # x: [B, H, T, hs]; GPT-NeoX layout: feature i is paired with feature i + hs/2
         half = self.head_size // 2
-        inv_freq = self.base ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+        inv_freq = self.frequencies(x.device)
         angles = pos.float()[:, None] * inv_freq  # [T, hs/2] float32
         cos, sin = angles.cos(), angles.sin()
         x1, x2 = x.float()[..., :half], x.float()[..., half:]
         out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        if self.scaling == 'yarn' and self.scale != 1.0:
+            out = out * (0.1 * math.log(self.scale) + 1)  # sqrt(1/t), on q and on k
         return out.type_as(x)
+
+
+def set_rope_scaling(model, kind, s=0.0, length=None, alpha=1.0, beta=32.0):
+    """Apply a RoPE context extension (RoPE.set_scaling) to every RoPE module of a GPT, and return the
+    factor s used. s = 0 derives it from the evaluation length: s = max(1, length / block_size).
+    kind 'none' restores the trained RoPE (on any model). Asking to scale a model without RoPE is an
+    error: the option would silently do nothing."""
+    ropes = [pe for pe in model.pe if isinstance(pe, RoPE)]
+    if kind != 'none' and not ropes:
+        raise ValueError(f"rope_scaling={kind!r} applies to RoPE models only; this one has pos={model.config.pos!r}")
+    block = model.config.block_size
+    if kind == 'none':
+        s = 1.0
+    elif not s:
+        if length is None:
+            raise ValueError("rope_scale=0 derives s from the evaluation length, which was not given")
+        s = max(1.0, length / block)
+    for pe in ropes:
+        pe.set_scaling(kind, s, alpha, beta, block)
+    return s
+
+
+def rope_scaling_label(kind, s, derived=False, block_size=None):
+    """The suffix evaluations add to a RoPE model's label: '+yarn(s=8)', '+pi(s=L/64)' when s follows
+    the evaluation length L, '' for the trained RoPE."""
+    if kind == 'none':
+        return ''
+    return f"+{kind}(s=L/{block_size})" if derived else f"+{kind}(s={s:g})"
 
 
 # -----------------------------------------------------------------------------
@@ -195,6 +290,7 @@ def alibi_slopes(n_head):
 class ALiBi(PositionalEncoding):
     """Press et al.: B = -m_h * d with fixed per-head slopes."""
     has_bias = True
+    distance_based = True
     per_layer = False
 
     def __init__(self, config):
@@ -208,6 +304,7 @@ class ALiBi(PositionalEncoding):
 class Kerple(PositionalEncoding):
     """Chi et al., logarithmic variant: B = -r1 * log(1 + r2 * d), r1, r2 > 0 learned per head."""
     has_bias = True
+    distance_based = True
 
     def __init__(self, config):
         super().__init__(config)
@@ -227,6 +324,7 @@ class Kerple(PositionalEncoding):
 class KerplePower(PositionalEncoding):
     """Chi et al., power variant: B = -a * d^p, a > 0, 0 < p <= 2 learned per head."""
     has_bias = True
+    distance_based = True
 
     def __init__(self, config):
         super().__init__(config)
@@ -242,7 +340,8 @@ class KerplePower(PositionalEncoding):
         a, p = _clamp_forward(self.a, 0.01).float(), _clamp_forward(self.p, 0.01, 2.0).float()
         d = self.distance(pos_q, pos_k)
         # d^p has gradient d^p * log(d) in p, which is 0 * -inf at d = 0: keep d = 0 out of the power
-        d_pow = torch.where(d > 0, d.clamp(min=1).pow(p), torch.zeros_like(d))
+        # (the smallest nonzero distance is 1/2, a key on the left with bidir_bias)
+        d_pow = torch.where(d > 0, d.clamp(min=0.5).pow(p), torch.zeros_like(d))
         return -a * d_pow
 
 
@@ -251,6 +350,7 @@ class FIRE(PositionalEncoding):
     Dividing by the query's own (progressive) position keeps the MLP's input in [0, 1] at any length;
     L = |L_mult| * L0 stops short queries from seeing huge normalised distances."""
     has_bias = True
+    distance_based = True
 
     def __init__(self, config, width=32, eps=1e-6):
         super().__init__(config)

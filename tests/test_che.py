@@ -1,6 +1,6 @@
-"""CHE task generators against independent re-implementations of their semantics (spec:
-../shared/specs/che.md), plus the runner end to end on CPU. The checkers below decode every sample
-with plain Python (lists, ints, a recursive-descent parser) and share no code with che_tasks.py."""
+"""CHE: the task generators of che_data.py against independent re-implementations of their semantics
+(docs/che.md), then the runner of che_tasks.py end to end on CPU. The checkers below decode every sample
+with plain Python (lists, ints, a recursive-descent parser) and share no code with che_data.py."""
 import json
 import math
 import os
@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-import che_tasks as C
+import che_data as D
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LENGTHS = [1, 2, 3, 4, 5, 6, 7, 8, 11, 16, 40, 41, 97]
@@ -239,19 +239,19 @@ MASKED = {'stack_manipulation', 'binary_addition', 'binary_multiplication'}
 
 
 def test_registry_matches_spec():
-    assert set(C.TASKS) == set(CHECKERS) and len(C.TASKS) == 15
-    assert C.TABLE2_TASKS[0] == 'even_pairs' and C.TABLE2_TASKS[-1] == 'bucket_sort'
-    for name, task in C.TASKS.items():
+    assert set(D.TASKS) == set(CHECKERS) and len(D.TASKS) == 15
+    assert D.TABLE2_TASKS[0] == 'even_pairs' and D.TABLE2_TASKS[-1] == 'bucket_sort'
+    for name, task in D.TASKS.items():
         assert (task.input_vocab, task.output_vocab) == EXPECTED_VOCAB[name], name
         assert task.masked == (name in MASKED)
         assert task.random_baseline == (0.2 if task.output_vocab == 5 else 0.5)
     with pytest.raises(ValueError, match='unknown CHE task'):
-        C.get_task('nope')
+        D.get_task('nope')
 
 
-@pytest.mark.parametrize('name', list(C.TASKS))
+@pytest.mark.parametrize('name', list(D.TASKS))
 def test_generator_semantics(name):
-    task, check = C.TASKS[name], CHECKERS[name]
+    task, check = D.TASKS[name], CHECKERS[name]
     rng = np.random.default_rng(1234)
     for N in LENGTHS:
         B = 64 if N < 50 else 16
@@ -270,11 +270,11 @@ def test_generator_semantics(name):
                 assert all(mb)
 
 
-@pytest.mark.parametrize('name', list(C.TASKS))
+@pytest.mark.parametrize('name', list(D.TASKS))
 def test_large_length(name):
     N = 500
-    x, y, mask = C.TASKS[name].sample(4, N, np.random.default_rng(0))
-    assert y.shape[1] == C.TASKS[name].output_length(N)
+    x, y, mask = D.TASKS[name].sample(4, N, np.random.default_rng(0))
+    assert y.shape[1] == D.TASKS[name].output_length(N)
     for xb, yb in zip(x.tolist(), y.tolist()):
         CHECKERS[name](xb, yb, N)
 
@@ -282,7 +282,7 @@ def test_large_length(name):
 def test_small_lengths_exact():
     """Output lengths and masks at N = 1, 2, 3 written out by hand."""
     rng = np.random.default_rng(0)
-    ba, bm, st = C.TASKS['binary_addition'], C.TASKS['binary_multiplication'], C.TASKS['stack_manipulation']
+    ba, bm, st = D.TASKS['binary_addition'], D.TASKS['binary_multiplication'], D.TASKS['stack_manipulation']
     x, y, m = ba.sample(32, 1, rng)  # the only number < 2^1 - 1 is 0
     assert (x == 0).all() and (y == [0, 2]).all() and (m == [True, True]).all()
     x, y, m = bm.sample(32, 1, rng)
@@ -301,9 +301,9 @@ def test_small_lengths_exact():
     x, y, m = st.sample(64, 2, rng)  # one bit then one action
     assert y.shape == (64, 3) and set(x[:, 1].tolist()) <= {2, 3, 4}
     for N, shape in [(1, 1), (2, 1), (3, 2)]:
-        assert C.TASKS['compute_sqrt'].sample(2, N, rng)[1].shape == (2, shape)
-    assert C.TASKS['modular_arithmetic_simple'].sample(2, 2, rng)[0].shape == (2, 1)
-    x, y, m = C.TASKS['missing_duplicate'].sample(64, 2, rng)  # s = one bit: 'b2' or '2b'
+        assert D.TASKS['compute_sqrt'].sample(2, N, rng)[1].shape == (2, shape)
+    assert D.TASKS['modular_arithmetic_simple'].sample(2, 2, rng)[0].shape == (2, 1)
+    x, y, m = D.TASKS['missing_duplicate'].sample(64, 2, rng)  # s = one bit: 'b2' or '2b'
     assert ((x == 2).sum(axis=1) == 1).all() and (y[:, 0] == x[x != 2]).all()
     with pytest.raises(ValueError):
         ba.sample(2, 0, rng)
@@ -315,16 +315,16 @@ def test_distribution_sanity():
     rng = np.random.default_rng(7)
     for name in ['even_pairs', 'parity_check', 'cycle_navigation', 'modular_arithmetic',
                  'modular_arithmetic_simple', 'solve_equation', 'missing_duplicate']:
-        y = C.TASKS[name].sample(2000, 21, rng)[1][:, 0]
-        counts = np.bincount(y, minlength=C.TASKS[name].output_vocab)
+        y = D.TASKS[name].sample(2000, 21, rng)[1][:, 0]
+        counts = np.bincount(y, minlength=D.TASKS[name].output_vocab)
         assert (counts > 0.5 * 2000 / len(counts) * 0.5).all(), (name, counts)
-    x = C.TASKS['binary_addition'].sample(4000, 10, rng)[0]
+    x = D.TASKS['binary_addition'].sample(4000, 10, rng)[0]
     assert set((x == 2).argmax(axis=1).tolist()) == set(range(1, 9))
 
 
-@pytest.mark.parametrize('name', list(C.TASKS))
+@pytest.mark.parametrize('name', list(D.TASKS))
 def test_determinism(name):
-    task = C.TASKS[name]
+    task = D.TASKS[name]
     a = task.sample(8, 23, np.random.default_rng(5))
     b = task.sample(8, 23, np.random.default_rng(5))
     c = task.sample(8, 23, np.random.default_rng(6))
@@ -334,23 +334,29 @@ def test_determinism(name):
 
 
 def test_make_batch_framing():
-    task = C.TASKS['duplicate_string']
-    idx, targets, y, mask = C.make_batch(task, 4, 5, np.random.default_rng(0))
+    task = D.TASKS['duplicate_string']
+    idx, targets, y, mask = D.make_batch(task, 4, 5, np.random.default_rng(0))
     assert idx.shape == targets.shape == (4, 15) and y.shape == (4, 10)
     assert (idx[:, 5:] == task.input_vocab).all()           # placeholders
     assert (targets[:, :5] == -1).all() and (targets[:, 5:] == y).all()
     assert (y[:, :5] == idx[:, :5]).all()
-    assert C.max_sequence_length(task, 40) == 120
-    assert C.max_sequence_length(C.TASKS['modular_arithmetic_simple'], 40) == 40
+    assert D.max_sequence_length(task, 40) == 120
+    assert D.max_sequence_length(D.TASKS['modular_arithmetic_simple'], 40) == 40
 
 
 # --- the runner ------------------------------------------------------------------------------
 
+def test_che_data_needs_no_torch():
+    code = "import sys, che_data; assert 'torch' not in sys.modules"
+    assert subprocess.run([sys.executable, '-c', code], cwd=ROOT).returncode == 0
+
+
 torch = pytest.importorskip('torch')
+import che_tasks as C  # noqa: E402  (the runner needs torch)
 
 TINY = ['--n_layer=1', '--n_head=2', '--n_embd=16', '--dape_width=8', '--max_iters=4',
         '--batch_size=8', '--eval_samples=8', '--eval_batch_size=8', '--log_interval=2',
-        '--eval_min_len=41', '--eval_max_len=45', '--eval_stride=2', '--device=cpu']
+        '--eval_min_len=41', '--eval_max_len=45', '--eval_stride=2', '--id_stride=13', '--device=cpu']
 
 
 def _cfg(**kw):
@@ -395,11 +401,18 @@ def test_runner_cli_end_to_end(tmp_path):
            f'--out_dir={out}'] + TINY
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
-    assert 'score' in p.stdout
-    r = json.loads((out / 'missing_duplicate_kerple_v1.json').read_text())
+    assert 'OOD score' in p.stdout and 'ID ' in p.stdout and '8 samples per length, 4 position draws per length' in p.stdout
+    cell = json.loads((out / 'missing_duplicate_kerple_v1.json').read_text())
+    assert cell['n_runs'] == 1 and cell['random_baseline'] == 50
+    r = cell['runs'][0]
+    assert (out / 'runs' / 'missing_duplicate_kerple_v1_s0_lr0.0003.json').exists()
     assert sorted(map(int, r['per_length'])) == [41, 43, 45]
+    assert sorted(map(int, r['id_per_length'])) == [1, 14, 27, 40]
     assert r['servable'] and 0 <= r['score'] <= 100 and r['random_baseline'] == 50
     assert r['score'] == pytest.approx(np.mean(list(r['per_length'].values())))
+    assert r['id_score'] == pytest.approx(np.mean(list(r['id_per_length'].values())))
+    assert cell['score'] == r['score'] and cell['id_score'] == r['id_score']
+    assert r['eval']['position_draws_per_length'] == 4 and 0 <= r['final_train_acc'] <= 100
     assert r['train']['steps'] == 4 and r['rand_pos'] and r['block_size'] == 41
     assert (out / 'missing_duplicate_kerple_v1.png').stat().st_size > 1000
     # a bad option fails fast with one line, before any training
@@ -413,6 +426,12 @@ def test_runner_cli_end_to_end(tmp_path):
     (dict(device='tpu'), "--device=tpu is not a device: use auto, cpu, cuda or cuda:N"),
     (dict(learning_rate=-1.0), "learning_rate must be > 0"),
     (dict(eval_min_len=90, eval_max_len=50), "no evaluation lengths"),
+    (dict(eval_min_len=40), "eval_min_len=40 must be above train_max_len=40"),
+    (dict(seeds='0,x'), "seeds must be comma-separated integers"),
+    (dict(learning_rates='1e-3,0'), "learning_rate must be > 0, got 0.0"),
+    (dict(seeds='1,1'), "must not repeat"),
+    (dict(eval_draws=0), "eval_draws must be >= 1"),
+    (dict(bidir_bias='left'), "unknown bidir_bias='left'"),
 ])
 def test_bad_options_fail_before_training(option, message):
     with pytest.raises(ValueError, match=message.replace('(', r'\(')):
@@ -432,7 +451,8 @@ def test_grid_table_and_not_servable(tmp_path):
         cells = [c.strip() for c in line.strip('|').split('|')][3:]
         assert cells[1] == 'n/s' and 0 <= float(cells[0]) <= 100
     r = results[('even_pairs', 'learned', 'none')]
-    assert not r['servable'] and r['score'] is None and 'N=41' in r['error']
+    assert r['score'] is None and not r['runs'][0]['servable'] and 'N=41' in r['runs'][0]['error']
+    assert 0 <= r['id_score'] <= 100  # what it learned in distribution is still measured
     assert (out / 'table.md').exists() and (out / 'even_pairs.png').exists()
     assert len(json.loads((out / 'grid.json').read_text())) == 4
     assert [C.encoding_label(p, d) for p, d in C.PAPER_TABLE2_COLUMNS] == [
@@ -494,3 +514,102 @@ def test_block_size_and_vocab():
     assert C.build_model(C.TASKS['cycle_navigation'], cfg, config_only=True).vocab_size == 5
     g = C.build_model(C.TASKS['parity_check'], _cfg(pos='nope'), config_only=True)
     assert not g.rand_pos  # nope ignores positions: randomizing them is switched off, not an error
+
+
+# --- in-distribution accuracy, seeds and learning rates, position draws ------------------------
+
+class _ShortOnly(torch.nn.Module):
+    """Right on sequences up to `longest` tokens, wrong beyond: what a model that learned the task and
+    failed to extrapolate looks like."""
+
+    def __init__(self, V, longest):
+        super().__init__()
+        self.V, self.longest = V, longest
+
+    def forward(self, idx, targets):
+        t = targets.clamp(min=0)
+        if idx.shape[1] > self.longest:
+            t = 1 - t
+        return torch.nn.functional.one_hot(t, self.V).float() * 10, None
+
+
+def test_id_accuracy_stays_in_the_training_range():
+    import contextlib
+    task = C.TASKS['even_pairs']
+    quiet = lambda *a: None
+    cfg = _cfg(eval_samples=8, eval_batch_size=8, eval_min_len=41, eval_max_len=61, eval_stride=10)
+    ev = C.evaluate_id_ood(_ShortOnly(3, longest=41), task, cfg, 'cpu', contextlib.nullcontext(), quiet)
+    assert sorted(map(int, ev['id']['per_length'])) == list(range(1, 41))
+    assert sorted(map(int, ev['ood']['per_length'])) == [41, 51, 61]
+    assert ev['id']['score'] == 100 and ev['ood']['score'] == 0
+    # the ID evaluation draws its own samples: how many ID lengths there are changes no OOD sample
+    zero = _Oracle(3, const=0)
+    a = C.evaluate_id_ood(zero, task, _cfg(**dict(cfg, id_stride=1)), 'cpu', contextlib.nullcontext(), quiet)
+    b = C.evaluate_id_ood(zero, task, _cfg(**dict(cfg, id_stride=7)), 'cpu', contextlib.nullcontext(), quiet)
+    assert a['ood'] == b['ood'] and sorted(map(int, b['id']['per_length'])) == [1, 8, 15, 22, 29, 36]
+    assert 0 < a['ood']['score'] < 100  # answering 0 everywhere: the score depends on the samples
+
+
+@pytest.mark.parametrize('samples, batch, draws, sizes', [
+    (64, 64, 4, [16, 16, 16, 16]), (64, 16, 1, [16, 16, 16, 16]), (10, 64, 3, [4, 3, 3]),
+    (2, 64, 4, [1, 1]), (512, 64, 1, [64] * 8)])
+def test_eval_batches_are_position_draws(samples, batch, draws, sizes):
+    cfg = _cfg(eval_samples=samples, eval_batch_size=batch, eval_draws=draws)
+    assert C.eval_batches(cfg) == sizes and C.position_draws(cfg) == len(sizes)
+    assert C.position_draws(dict(cfg, rand_pos_eval=False)) == 0  # positions 0..T-1: nothing drawn
+    assert C.position_draws(dict(cfg, pos='nope')) == 0
+
+
+def _fake_run(cfg, log=print):
+    """A run's result without training: scores made up from the seed and the learning rate."""
+    s, lr = cfg['seed'], cfg['learning_rate']
+    return {'seed': s, 'learning_rate': lr, 'score': 50 + s + 1000 * lr, 'id_score': 90 - s - 1000 * lr,
+            'final_train_acc': 80.0 + s}
+
+
+def test_seeds_and_rates_statistics(monkeypatch):
+    monkeypatch.setattr(C, 'run_one', _fake_run)
+    cfg = _cfg(task='even_pairs', pos='alibi', seeds='0,1,2', learning_rates='1e-4,3e-4', out_dir='')
+    cell = C.run_cell(cfg, log=lambda *a: None)
+    assert cell['n_runs'] == 6 and cell['seeds'] == [0, 1, 2] and cell['learning_rates'] == [1e-4, 3e-4]
+    assert sorted((r['seed'], r['learning_rate']) for r in cell['runs']) == \
+        sorted((s, lr) for s in (0, 1, 2) for lr in (1e-4, 3e-4))
+    ood = [50 + s + 1000 * lr for s in (0, 1, 2) for lr in (1e-4, 3e-4)]
+    ind = [90 - s - 1000 * lr for s in (0, 1, 2) for lr in (1e-4, 3e-4)]
+    assert cell['score'] == pytest.approx(max(ood)) and cell['score_mean'] == pytest.approx(np.mean(ood))
+    assert cell['id_score'] == pytest.approx(max(ind)) and cell['id_score_mean'] == pytest.approx(np.mean(ind))
+    assert cell['final_train_acc_mean'] == pytest.approx(81.0)
+    assert cell['best_run'] == {'seed': 2, 'learning_rate': 3e-4, 'id_score': pytest.approx(87.7)}
+    # one run not servable: no statistic ("n/s"), not a max over the others
+    assert C.summarize([_fake_run(cfg), dict(_fake_run(cfg), score=None)])['score'] is None
+    # single seed and rate by default
+    assert C.run_cell(_cfg(task='even_pairs', pos='alibi', seed=5, out_dir=''), log=lambda *a: None)['n_runs'] == 1
+    table = C.grid_table({('even_pairs', 'alibi', 'none'): cell}, ['even_pairs'], [('alibi', 'none')], cfg)
+    lines = table.splitlines()
+    assert lines[2] == f"| R | even_pairs | 50 | {max(ood):.2f} ({np.mean(ood):.2f}) |"
+    assert f"| R | even_pairs | 50 | {max(ind):.2f} ({np.mean(ind):.2f}) |" in lines
+    assert "max over seeds 0,1,2 x learning rates 0.0001,0.0003 (the paper's statistic)" in table
+    summary = C.summary_table({('even_pairs', 'alibi', 'none'): dict(cell, random_baseline=50.0, encoding='ALiBi')},
+                              ['even_pairs'], [('alibi', 'none')])
+    assert summary.splitlines()[2].startswith(f"| even_pairs | ALiBi | 50 | {max(ind):.2f} | {np.mean(ind):.2f} | "
+                                              f"{max(ood):.2f} | {np.mean(ood):.2f} | 81.00 | 6 | 73.52 |")
+
+
+def test_tiny_grid_two_seeds_end_to_end_and_resume(tmp_path, capsys):
+    out = tmp_path / 'grid'
+    args = TINY + ['--grid=True', '--grid_tasks=missing_duplicate', '--grid_pos=alibi', '--grid_dape=v1',
+                   '--max_iters=2', '--seeds=0,1', '--eval_draws=2', f'--out_dir={out}']
+    cells, table = C.main(args)
+    cell = cells[('missing_duplicate', 'alibi', 'v1')]
+    assert cell['n_runs'] == 2 and [r['seed'] for r in cell['runs']] == [0, 1]
+    assert all(sorted(map(int, r['id_per_length'])) == [1, 14, 27, 40] for r in cell['runs'])
+    assert cell['score'] == max(r['score'] for r in cell['runs'])
+    assert cell['position_draws_per_length'] == 2
+    saved = json.loads((out / 'grid.json').read_text())
+    assert len(saved) == 1 and len(saved[0]['runs']) == 2
+    assert len(list((out / 'runs').glob('*.json'))) == 2 and (out / 'missing_duplicate.png').exists()
+    assert 'In distribution (ID)' in table and '2 position draws per length' in table
+    capsys.readouterr()
+    again, _ = C.main(args + ['--resume=True'])  # nothing left to train: both runs are reused
+    assert capsys.readouterr().out.count('reused') == 2
+    assert again[('missing_duplicate', 'alibi', 'v1')]['runs'] == cell['runs']
