@@ -70,6 +70,78 @@ def observations(results):
     return "\n".join(f"- {n}" for n in notes)
 
 
+def md_sections(path, titles):
+    """The Markdown sections of `path` whose '## ' titles start with one of `titles`, their bodies only."""
+    with open(path) as f:
+        text = f.read()
+    out = []
+    for part in text.split("\n## ")[1:]:
+        title, _, body = part.partition("\n")
+        if any(title.startswith(t) for t in titles):
+            out.append(f"{title}:\n\n{body.strip()}")
+    return "\n\n".join(out)
+
+
+def rope_section(results_dir):
+    """RoPE read with PI, NTK-aware and YaRN beside Kerple and DAPE-Kerple, and the loss by position."""
+    path = os.path.join(results_dir, "rope_scaling", "results.json")
+    if not os.path.exists(path):
+        return ""
+    with open(path) as f:
+        results = json.load(f)
+    lengths = results["lengths"]
+    ppl = {run["label"]: [run["results"][str(L)].get("ppl") for L in lengths] for run in results["runs"]}
+    best = min(ppl, key=lambda k: ppl[k][-1] or float("inf"))
+    notes = [f"{label}: {v[-1]:.3f} at {lengths[-1]} ({v[-1] / v[0]:.2f}x its value at {lengths[0]})"
+             for label, v in ppl.items() if v[0] and v[-1]]
+    notes.append(f"lowest at {lengths[-1]}: {best}")
+    figure = ""
+    if os.path.exists(os.path.join(results_dir, "rope_scaling", "loss_by_position.png")):
+        shutil.copyfile(os.path.join(results_dir, "rope_scaling", "loss_by_position.png"),
+                        os.path.join(ROOT, "docs", "demo_loss_by_position.png"))
+        figure = ("\n\n![loss by position in the longest windows](docs/demo_loss_by_position.png)\n\n"
+                  "Mean loss at each position of the longest windows (log-spaced buckets; dotted: the training "
+                  "length): where past the training length each model starts to lose the thread.")
+    return f"""
+
+**RoPE context extension at evaluation** (`eval_extrapolate.py --rope_scaling=none,pi,ntk,yarn`, s = L / training
+length at each length; the same RoPE checkpoint read four ways), beside Kerple and DAPE-Kerple; perplexity per byte:
+
+{table(results, 'ppl', '{:.3f}')}
+
+{chr(10).join('- ' + n for n in notes)}{figure}"""
+
+
+def passkey_section(results_dir):
+    """The passkey tables, from eval_passkey.py's passkey.md."""
+    path = os.path.join(results_dir, "passkey", "passkey.md")
+    if not os.path.exists(os.path.join(results_dir, "passkey", "passkey.json")):
+        return ""
+    with open(os.path.join(results_dir, "passkey", "passkey.json")) as f:
+        pk = json.load(f)
+    proto = pk["protocol"]
+    block = pk["rows"][0]["block_size"]
+    lines = []
+    for row in pk["rows"]:
+        acc = [row["per_length"][str(L)]["accuracy"] for L in proto["lengths"] if str(L) in row["per_length"]]
+        logp = [row["per_length"][str(L)]["logp_mean"] for L in proto["lengths"] if str(L) in row["per_length"]]
+        above = sum(v > proto["chance_logp_per_digit"] + 0.05 for v in logp)
+        lines.append(f"{row['label']}: exact match {100 * max(acc):.0f}% at best; log-likelihood per digit above "
+                     f"chance ({proto['chance_logp_per_digit']:.2f}) by more than 0.05 at {above} of {len(logp)} lengths")
+    return f"""
+
+**Passkey retrieval** (`eval_passkey.py`, Mohtashami & Jaggi 2023): "The pass key is NNNNN. Remember it." hidden
+at depths {', '.join(map(str, proto['depths']))} of held-out text, then "What is the pass key? The pass key is";
+{proto['trials']} samples per length and depth, the same prompts for every model. The prompt takes 81 bytes, more
+than the perplexity models' training length, so these models were trained at {block} bytes with
+`--passkey_frac` of the training rows replaced by passkey samples (filler from the training books): retrieval
+past {block} bytes tests extrapolation alone. RoPE is also read with PI, NTK-aware and YaRN (s = L / {block}).
+
+{md_sections(path, ('Exact match', 'Log-likelihood'))}
+
+{chr(10).join('- ' + n for n in lines)}"""
+
+
 def main(results_dir):
     with open(os.path.join(results_dir, "results.json")) as f:
         results = json.load(f)
@@ -114,7 +186,7 @@ trained for minutes on bytes rather than days on BPE tokens, with one seed, so a
 and the size of the gaps are not comparable, and no p-value can be computed. It does test the
 qualitative claims (RoPE degrading past its training length, ALiBi flat, DAPE-X at or below X), with
 every model seeing the same scored bytes; where the list above disagrees with the paper, that is the
-result of this run, not tuned away.
+result of this run, not tuned away.{rope_section(results_dir)}{passkey_section(results_dir)}
 {END}"""
 
     readme_path = os.path.join(ROOT, "README.md")

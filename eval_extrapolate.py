@@ -49,6 +49,7 @@ from common import (InputError, autocast, find_checkpoints, find_data_dir, load_
                     pick_dtype, resolve_data_dir, training_data_dirs)
 from configurator import ConfigError, configure
 from model import GPTConfig
+from positional import RoPE, rope_scaling_label, set_rope_scaling
 from tokenizer import GPT2_VOCAB_SIZE, load_meta, tokenizer_of_vocab
 
 # -----------------------------------------------------------------------------
@@ -69,6 +70,13 @@ device = 'auto'          # auto: cuda if available, else cpu
 dtype = 'auto'           # auto: bfloat16 autocast on a GPU that supports it, else float32
 out_dir = 'results'
 plot = True
+position_loss = False    # also the mean loss at every position of the longest length's windows (log-spaced
+                         # buckets, results.json and loss_by_position.png): where past training a model degrades
+rope_scaling = 'none'    # comma-separated RoPE context extensions (positional.RoPE): none, pi, ntk, yarn;
+                         # each RoPE checkpoint is evaluated once per method, a row each (rope+yarn(s=...))
+rope_scale = 0.0         # their factor s; 0 -> max(1, L / training length) at each length L
+yarn_alpha = 1.0         # YaRN's ramp: dimensions turning < alpha times over the training length are
+yarn_beta = 32.0         # interpolated, > beta times kept
 pairs = ''               # explicit comparisons 'dape-kerple:kerple,...'; '' -> every DAPE-X with its X
 config_keys = [k for k in globals() if k not in _names_before_config and not k.startswith('_')]
 
@@ -199,10 +207,12 @@ def score_windows(model, x, y, K, batch, dev, ctx, progress=None):
     return torch.cat(losses).numpy()
 
 
-def evaluate_run(model, data, meta, ends, eval_lengths, K, cfg, dev, ctx, name=''):
-    """{L: result dict} for one model. A result has status 'ok' and loss/ppl/bpb/..., or a reason."""
+def evaluate_run(model, data, meta, ends, eval_lengths, K, cfg, dev, ctx, name='', rope_scaling='none'):
+    """{L: result dict} for one model. A result has status 'ok' and loss/ppl/bpb/..., or a reason. A
+    RoPE model is read with the context extension rope_scaling, its factor s set for each length."""
     out = {}
     for L in eval_lengths:
+        s = set_rope_scaling(model, rope_scaling, cfg['rope_scale'], L, cfg['yarn_alpha'], cfg['yarn_beta'])
         why = length_unavailable(model, L, len(data))
         if why:
             out[L] = {'status': why}
@@ -228,11 +238,61 @@ def evaluate_run(model, data, meta, ends, eval_lengths, K, cfg, dev, ctx, name='
              'n_tokens': int(ce.size), 'n_windows': int(len(x)), 'seconds': round(dt, 3),
              'tokens_per_s': round(len(x) * L / max(dt, 1e-9), 1),
              'window_loss': [round(float(v), 6) for v in ce.mean(axis=1)]}
+        if rope_scaling != 'none':
+            r['rope_scale'] = s
         out[L] = r
         bpb = f"  bpb {r['bpb']:.4f}" if r['bpb'] is not None else ''
         print(f"  {name:<24} L={L:<6} ppl {r['ppl']:10.4f}{bpb}   ({r['n_tokens']} tokens scored, "
               f"{r['tokens_per_s']:,.0f} tok/s, {dt:.1f}s)", flush=True)
     return out
+
+
+def position_buckets(L, per_octave=4):
+    """Log-spaced buckets [start, end) of the positions 0 .. L-1 (position p has p tokens of context
+    before it): {0}, {1}, then per_octave buckets for every doubling, none empty."""
+    edges = sorted({0, 1} | {int(round(2 ** (i / per_octave))) for i in range(int(per_octave * math.log2(L)) + 1)}
+                   | {L})
+    return [(a, b) for a, b in zip(edges, edges[1:]) if a < b <= L]
+
+
+def loss_by_position(model, data, ends, L, batch, dev, ctx):
+    """Mean cross-entropy over the windows of length L at each position, in position_buckets(L):
+    {'length', 'buckets': [[start, end, loss], ...]}. Every target of the windows is scored."""
+    x, y = windows(data, ends, L)
+    per_position = score_windows(model, x, y, L, batch, dev, ctx).mean(axis=0)
+    return {'length': L, 'buckets': [[a, b, round(float(per_position[a:b].mean()), 6)]
+                                     for a, b in position_buckets(L)]}
+
+
+def plot_loss_by_position(runs, path):
+    """Mean loss against position (log2 axis), one colour per label (seeds share it), training lengths
+    marked: where past the training length each model's loss starts to rise."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    labels = list(dict.fromkeys(r['label'] for r in runs if r.get('position_loss')))
+    colors = dict(zip(labels, curve_colors(len(labels))))
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    seen = set()
+    for r in runs:
+        pl = r.get('position_loss')
+        if not pl:
+            continue
+        xs = [(a + b - 1) / 2 + 1 for a, b, _ in pl['buckets']]  # bucket centre, 1-based for the log axis
+        ax.plot(xs, [v for _, _, v in pl['buckets']], color=colors[r['label']], marker='.', ms=3,
+                label=None if r['label'] in seen else r['label'])
+        seen.add(r['label'])
+    for b in sorted({r['model_args']['block_size'] for r in runs if r.get('position_loss')}):
+        ax.axvline(b, color='grey', linestyle=':', linewidth=1.2)
+    ax.set_xscale('log', base=2)
+    ax.set_xlabel('position in the window (tokens of context + 1; dotted: training length)')
+    ax.set_ylabel('mean loss (nats)')
+    ax.set_title('Loss by position, longest evaluation length', fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
 
 
 # -----------------------------------------------------------------------------
@@ -263,9 +323,11 @@ def training_setting(ckpt):
 
 
 def setting_of(run):
-    """All that makes a run (or group) what it is, but its seed: the model, its training, the data."""
+    """All that makes a run (or group) what it is, but its seed: the model, its training, the data, and
+    how RoPE is read."""
     return {'model': {k: v for k, v in run['model_args'].items() if k not in SAME_FUNCTION},
-            'training': run.get('training'), 'data_dir': run['data_dir']}
+            'training': run.get('training'), 'data_dir': run['data_dir'],
+            'rope_scaling': run.get('rope_scaling', 'none')}
 
 
 def base_label(a):
@@ -283,49 +345,31 @@ def base_label(a):
     return name
 
 
-def differing_fields(dicts):
-    return sorted({f for d in dicts for f in d if any(o.get(f, 'n/a') != d[f] for o in dicts)})
-
-
-def distinguishing(settings):
-    """For settings that share a base label: per setting, the 'field=value's that tell it from the
-    others. Training fields are compared among the runs that saved their config; the others say so."""
-    model_fields = differing_fields([s['model'] for s in settings])
-    with_config = [s['training'] for s in settings if s['training'] is not None]
-    train_fields = differing_fields(with_config)
-    several_data = len({s['data_dir'] for s in settings}) > 1
-    out = []
-    for s in settings:
-        extra = [f"{f}={s['model'].get(f, 'n/a')}" for f in model_fields]
-        if s['training'] is None:
-            extra += ['no config'] if with_config else []
-        else:
-            extra += [f"{f}={s['training'].get(f, 'n/a')}" for f in train_fields]
-        if several_data:
-            extra.append(os.path.basename(os.path.normpath(s['data_dir'])))
-        out.append(extra)
-    return out
-
-
 def auto_labels(runs):
-    """One label per distinct setting (setting_of): the base label, then the training length when runs
-    of several lengths are mixed, then whatever else still tells two settings apart. Runs get the
-    same label only when they differ by their seed alone, as group_runs groups by label."""
+    """One label per distinct setting (setting_of), so that runs share a label (and group_runs groups
+    them) only when they differ by their seed alone: the base label, the training length when several
+    are mixed, then in brackets what tells settings of one base label apart (kerple[learning_rate=0.003];
+    'no config' for a checkpoint saved without its training config, the data folder's name); '#2', '#3'
+    should two settings still read alike."""
     keys = [json.dumps(setting_of(r), sort_keys=True) for r in runs]
     settings = {key: json.loads(key) for key in keys}  # tuples and lists alike, as in the key
-    names = {key: base_label(s['model']) for key, s in settings.items()}
-    if len({s['model']['block_size'] for s in settings.values()}) > 1:
-        names = {key: f"{names[key]}@{settings[key]['model']['block_size']}" for key in names}
+    several_lengths = len({s['model']['block_size'] for s in settings.values()}) > 1
+
+    def facts(s):
+        training = {'no config'} if s['training'] is None else {f"{f}={v}" for f, v in s['training'].items()}
+        data = os.path.basename(os.path.normpath(s['data_dir']))
+        return {f"{f}={v}" for f, v in s['model'].items()} | training | {data}
+    names = {key: base_label(s['model']) + (f"@{s['model']['block_size']}" if several_lengths else '')
+             for key, s in settings.items()}
     for name in set(names.values()):
         same = [key for key in names if names[key] == name]
-        if len(same) < 2:
-            continue
-        for key, extra in zip(same, distinguishing([settings[key] for key in same])):
-            names[key] = f"{name}[{','.join(extra)}]" if extra else name
-    # should two settings still share a label (data dirs of the same name elsewhere), number them
+        if len(same) > 1:
+            shared = set.intersection(*(facts(settings[key]) for key in same))
+            for key in same:
+                extra = sorted(facts(settings[key]) - shared)
+                names[key] = f"{name}[{','.join(extra)}]" if extra else name
     for name in set(names.values()):
-        same = [key for key in names if names[key] == name]
-        for i, key in enumerate(same[1:], 2):
+        for i, key in enumerate([key for key in names if names[key] == name][1:], 2):
             names[key] = f"{name}#{i}"
     return [names[k] for k in keys]
 
@@ -758,6 +802,27 @@ def training_notes(runs):
 # -----------------------------------------------------------------------------
 
 
+def with_rope_scalings(runs, cfg):
+    """Each RoPE run once per --rope_scaling method, labelled rope+pi(s=...), rope+yarn(...); the
+    others once as they are. A method asked for with no RoPE model to apply it to is an error."""
+    kinds = [k for k in cfg['rope_scaling'].replace(' ', '').split(',') if k]
+    unknown = [k for k in kinds if k not in RoPE.SCALINGS]
+    if unknown or not kinds:
+        raise InputError(f"--rope_scaling: unknown {unknown or kinds}; choose from {', '.join(RoPE.SCALINGS)}")
+    if cfg['rope_scale'] and not cfg['rope_scale'] >= 1:
+        raise InputError(f"--rope_scale must be >= 1 (the context extension factor s), or 0 for L / training "
+                         f"length; got {cfg['rope_scale']}")
+    if kinds != ['none'] and not any(r['model_args']['pos'] == 'rope' for r in runs):
+        raise InputError(f"--rope_scaling={cfg['rope_scaling']} applies to RoPE models only; these have "
+                         f"pos={sorted({r['model_args']['pos'] for r in runs})}")
+    out = []
+    for r in runs:
+        for kind in kinds if r['model_args']['pos'] == 'rope' else ['none']:
+            suffix = rope_scaling_label(kind, cfg['rope_scale'], not cfg['rope_scale'], r['model_args']['block_size'])
+            out.append(dict(r, label=r['label'] + suffix, rope_scaling=kind))
+    return out
+
+
 def evaluate(cfg, ckpt_paths):
     """Evaluate checkpoints under the protocol; write and return the results dict."""
     dev = pick_device(cfg['device'])
@@ -793,6 +858,7 @@ def evaluate(cfg, ckpt_paths):
         del model
     for r, lab in zip(runs, user_labels or auto_labels(runs)):
         r['label'] = lab
+    runs = with_rope_scalings(runs, cfg)
     pairs = parse_pairs(cfg['pairs'], [r['label'] for r in runs])
     notes = training_notes(runs)
     for note in notes:
@@ -831,7 +897,13 @@ def evaluate(cfg, ckpt_paths):
         data, meta, ends = data_cache[r['data_dir']]
         print(f"{r['path']}  ({r['label']}, {r['data_dir']})")
         model, _ = load_run(r['path'], dev)
-        r['results'] = evaluate_run(model, data, meta, ends, eval_lengths, K, cfg, dev, ctx, r['label'])
+        r['results'] = evaluate_run(model, data, meta, ends, eval_lengths, K, cfg, dev, ctx, r['label'],
+                                    r['rope_scaling'])
+        ok = [L for L in eval_lengths if r['results'][L]['status'] == 'ok']
+        if cfg['position_loss'] and ok:
+            batch = cfg['batch_size'] or max(1, cfg['batch_tokens'] // max(ok))
+            set_rope_scaling(model, r['rope_scaling'], cfg['rope_scale'], max(ok), cfg['yarn_alpha'], cfg['yarn_beta'])
+            r['position_loss'] = loss_by_position(model, data, ends, max(ok), batch, dev, ctx)
         del model
 
     groups = group_runs(runs, eval_lengths)
@@ -847,8 +919,11 @@ def evaluate(cfg, ckpt_paths):
     if comparisons:
         print("\nDAPE-X vs X, Welch's t-test, two-sided p\n" + pvalue_table(comparisons, eval_lengths))
     write_outputs(cfg['out_dir'], protocol, runs, groups, comparisons, eval_lengths, cfg['plot'], notes)
+    if cfg['position_loss'] and cfg['plot'] and any(r.get('position_loss') for r in runs):
+        plot_loss_by_position(runs, os.path.join(cfg['out_dir'], 'loss_by_position.png'))
     print(f"\nwrote {cfg['out_dir']}/results.json, results.md, results.csv"
-          + (", ppl_vs_length.png" if cfg['plot'] else ''))
+          + (", ppl_vs_length.png" if cfg['plot'] else '')
+          + (", loss_by_position.png" if cfg['position_loss'] and cfg['plot'] else ''))
     return {'protocol': protocol, 'lengths': eval_lengths, 'runs': runs, 'groups': groups, 'comparisons': comparisons,
             'notes': notes}
 

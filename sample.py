@@ -20,6 +20,7 @@ import torch
 
 from common import InputError, autocast, load_run, pick_device, pick_dtype, resolve_data_dir
 from configurator import ConfigError, configure
+from positional import RoPE, set_rope_scaling
 from tokenizer import get_tokenizer, load_meta, tokenizer_of_vocab
 
 # -----------------------------------------------------------------------------
@@ -35,6 +36,8 @@ seed = 1337
 device = 'auto'          # auto: cuda if available, else cpu
 dtype = 'auto'           # auto: bfloat16 autocast on a GPU that supports it, else float32
 compile = False          # torch.compile the model
+rope_scaling = 'none'    # RoPE context extension (positional.py): none, pi, ntk, yarn
+rope_scale = 0.0         # its factor s; 0 -> max(1, (prompt + max_new_tokens) / training length)
 config_keys = [k for k in globals() if k not in _names_before_config and not k.startswith('_')]
 
 
@@ -91,6 +94,11 @@ def check_options(cfg):
         raise InputError(f"--num_samples must be >= 1, got {cfg['num_samples']}")
     if cfg['max_new_tokens'] < 0:
         raise InputError(f"--max_new_tokens must be >= 0, got {cfg['max_new_tokens']}")
+    if cfg['rope_scaling'] not in RoPE.SCALINGS:
+        raise InputError(f"--rope_scaling must be one of {', '.join(RoPE.SCALINGS)}, got {cfg['rope_scaling']!r}")
+    if cfg['rope_scale'] and (cfg['rope_scaling'] == 'none' or not cfg['rope_scale'] >= 1):
+        raise InputError(f"--rope_scale={cfg['rope_scale']} needs --rope_scaling=pi, ntk or yarn and a value >= 1 "
+                         f"(0: from the length)")
 
 
 def read_prompt(text):
@@ -126,6 +134,12 @@ def sample(cfg, path):
     if n_pos is not None and len(ids) + cfg['max_new_tokens'] > n_pos:
         raise InputError(f"pos=learned encodes {n_pos} positions: a prompt of {len(ids)} tokens leaves room for "
                         f"{max(0, n_pos - len(ids))} new tokens, not --max_new_tokens={cfg['max_new_tokens']}")
+    if cfg['rope_scaling'] != 'none':  # s from the longest sequence generated, unless given
+        try:
+            s = set_rope_scaling(model, cfg['rope_scaling'], cfg['rope_scale'], len(ids) + cfg['max_new_tokens'])
+        except ValueError as e:
+            raise InputError(str(e)) from None
+        print(f"(RoPE {cfg['rope_scaling']} scaling, s={s:g})", file=sys.stderr)
     x = torch.tensor(ids, dtype=torch.long, device=dev)[None]
     samples = []
     with torch.no_grad(), ctx:

@@ -54,6 +54,8 @@ dataset = 'gutenberg_char'
 data_root = 'data'  # the dataset lives in data_root/dataset/
 gradient_accumulation_steps = 8  # micro-batches per step, over all processes (see the top)
 batch_size = 32  # sequences per micro-batch: 32 x 8 = 256 sequences per step, as the paper
+passkey_frac = 0.0  # fraction of training rows replaced by passkey samples at block_size (passkey.py), so that
+                    # a small model learns the task and eval_passkey.py past block_size tests extrapolation
 # model: every field of model.GPTConfig is a config key with model.py's default, so a new model option
 # is settable here without editing this file. Where train.py's default differs:
 globals().update({_f.name: _f.default for _f in dataclasses.fields(GPTConfig)})
@@ -106,6 +108,8 @@ def check_config(cfg):
             raise ConfigError(f"{k} must be >= 0, got {getattr(cfg, k)}")
     if not cfg.learning_rate > 0:
         raise ConfigError(f"learning_rate must be > 0, got {cfg.learning_rate}")
+    if not 0.0 <= cfg.passkey_frac < 1.0:
+        raise ConfigError(f"passkey_frac must be in [0, 1) (a fraction of the training rows), got {cfg.passkey_frac}")
     choices = {'init_from': ('scratch', 'resume'), 'dtype': ('auto', 'float32', 'bfloat16', 'float16'),
                'backend': ('auto', 'nccl', 'gloo')}
     for k, allowed in choices.items():
@@ -239,7 +243,14 @@ def processes(cfg):
 
 def batch_reader(cfg, data_dir, data_dtype, device):
     """get_batch(split, generator, block) -> (x, y) [batch_size, block] on device: random windows of the
-    split, drawn with the given generator (so that a checkpoint can record where the stream is)."""
+    split, drawn with the given generator (so that a checkpoint can record where the stream is).
+    With passkey_frac > 0, that fraction of the training rows are passkey samples (passkey.py)."""
+    tok = None
+    if cfg.passkey_frac > 0:
+        import passkey
+        from tokenizer import get_tokenizer, load_meta
+        tok = get_tokenizer(load_meta(data_dir))
+
     def get_batch(split, gen, block):
         # a new memmap every batch avoids a memory leak (https://stackoverflow.com/q/45132940)
         data = np.memmap(os.path.join(data_dir, f'{split}.bin'), dtype=data_dtype, mode='r')
@@ -249,6 +260,11 @@ def batch_reader(cfg, data_dir, data_dtype, device):
         ix = torch.randint(len(data) - block, (cfg.batch_size,), generator=gen)
         x = torch.stack([torch.from_numpy(data[i:i + block].astype(np.int64)) for i in ix])
         y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block].astype(np.int64)) for i in ix])
+        if tok is not None and split == 'train':  # the filler from the training split, never validation text
+            try:
+                x, y = passkey.mix_into_batch(x, y, data, tok, cfg.passkey_frac, gen)
+            except ValueError as e:  # block_size too short for the prompt
+                raise ConfigError(f"passkey_frac={cfg.passkey_frac}: {e}; raise block_size or set passkey_frac=0") from None
         if device.startswith('cuda'):  # pin and move asynchronously
             return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
         return x.to(device), y.to(device)

@@ -1,4 +1,5 @@
 """eval_extrapolate.py (protocol, outputs, statistics, timing) and visualize.py, on tiny checkpoints made here."""
+import contextlib
 import dataclasses
 import json
 import math
@@ -165,6 +166,50 @@ def test_evaluate_protocol_tables_and_files(tmp_path):
     res2 = E.evaluate(cfg(out_dir=os.path.join(root, 'res2'), lengths='8,32,64,128,4096'), [runs[2]])
     assert res2['protocol']['data'] == res['protocol']['data']
     assert res2['runs'][0]['results'][64]['ppl'] == by_name['dape_kerple_s1']['results'][64]['ppl']
+
+
+def test_loss_by_position(tmp_path):
+    """The buckets cover every position of the longest window once, in order, and their size-weighted
+    mean is the mean loss over every target of those windows; the figure is written."""
+    root = str(tmp_path)
+    make_data(root)
+    ck = make_ckpt(root, 'kerple', pos='kerple')
+    res = E.evaluate(cfg(lengths='32,64', position_loss=True, plot=True, out_dir=str(tmp_path / 'r')), [ck])
+    pl = res['runs'][0]['position_loss']
+    assert pl['length'] == 64
+    spans = [(a, b) for a, b, _ in pl['buckets']]
+    assert spans[0] == (0, 1) and spans[-1][1] == 64 and all(b == c for (_, b), (c, _) in zip(spans, spans[1:]))
+    model = GPT(GPTConfig(**TINY, pos='kerple'))
+    model.load_state_dict(torch.load(os.path.join(ck, 'ckpt.pt'))['model'])
+    data = np.memmap(os.path.join(root, 'data', 'tiny', 'val.bin'), dtype=np.uint8, mode='r')
+    x, y = E.windows(data, np.array(res['protocol']['data'][res['runs'][0]['data_dir']]['window_ends']), 64)
+    want = E.score_windows(model.eval(), x, y, 64, 4, 'cpu', contextlib.nullcontext()).mean()
+    got = sum((b - a) * v for a, b, v in pl['buckets']) / 64
+    assert got == pytest.approx(want, abs=1e-5)
+    assert json.load(open(tmp_path / 'r' / 'results.json'))['runs'][0]['position_loss']['length'] == 64
+    assert open(tmp_path / 'r' / 'loss_by_position.png', 'rb').read(4) == b'\x89PNG'
+
+
+def test_rope_context_extension_rows(tmp_path):
+    """--rope_scaling evaluates each RoPE checkpoint once per method, labelled; at the training length
+    s = 1 and the rows equal the trained RoPE's exactly; past it they differ. Other models are read
+    once; a method with no RoPE model is a one-line error."""
+    root = str(tmp_path)
+    make_data(root)
+    runs = [make_ckpt(root, 'kerple', pos='kerple'), make_ckpt(root, 'rope', pos='rope')]
+    res = E.evaluate(cfg(lengths='32,64', rope_scaling='none,pi,yarn', out_dir=str(tmp_path / 'r')), runs)
+    g = {x['label']: x['ppl'] for x in res['groups']}
+    assert list(g) == ['kerple', 'rope', 'rope+pi(s=L/32)', 'rope+yarn(s=L/32)']
+    assert g['rope+pi(s=L/32)'][32]['mean'] == g['rope'][32]['mean'] == g['rope+yarn(s=L/32)'][32]['mean']
+    assert g['rope+pi(s=L/32)'][64]['mean'] != g['rope'][64]['mean'] != g['rope+yarn(s=L/32)'][64]['mean']
+    scaled = next(r for r in res['runs'] if r['label'] == 'rope+yarn(s=L/32)')
+    assert scaled['results'][64]['rope_scale'] == 2.0
+    fixed = E.evaluate(cfg(lengths='64', rope_scaling='ntk', rope_scale=4.0, out_dir=str(tmp_path / 'r')), runs[1:])
+    assert [x['label'] for x in fixed['groups']] == ['rope+ntk(s=4)']
+    with pytest.raises(InputError, match='RoPE models only'):
+        E.evaluate(cfg(lengths='32', rope_scaling='yarn'), runs[:1])
+    with pytest.raises(InputError, match='unknown'):
+        E.evaluate(cfg(lengths='32', rope_scaling='linear'), runs)
 
 
 def test_unequal_training_is_noted_and_marked(tmp_path, capsys):

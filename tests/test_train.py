@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -322,3 +323,106 @@ def test_fsdp_two_processes_resume_matches_ddp(ddp_run):
         torch.testing.assert_close(w0[k], d0[k], rtol=0, atol=1e-5)
     model, ck = load_checkpoint(out)
     assert ck['iter_num'] == 6 and set(ck['model']) == set(torch.load(str(ddp_run / 'ddp' / 'ckpt.pt'))['model'])
+
+
+# --- configuration errors under torchrun ------------------------------------------------------------
+
+@pytest.mark.parametrize('args, line', [
+    (['--gradient_accumulation_steps=1'], "config error: gradient_accumulation_steps=1 must be a multiple of the "
+                                          "number of processes (2)"),
+    (['--gradient_acumulation_steps=2'], "config error: unknown config key 'gradient_acumulation_steps'"),
+    (['--dataset=missing'], "error: "),
+])
+def test_torchrun_config_error_is_one_line(tmp_path, args, line):
+    """Every process finds the error; one prints it, as without torchrun, and all exit non-zero at once
+    (none waits in a collective). torchrun's own report of the failed processes follows, as always. The
+    time bound only catches a hang: three Python processes importing torch take most of it."""
+    make_dataset(str(tmp_path / 'data'))
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py',
+           '--device=cpu', '--dataset=tiny', f'--data_root={tmp_path / "data"}', f'--out_dir={tmp_path / "out"}',
+           '--gradient_accumulation_steps=2'] + args
+    t0 = time.time()
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, OMP_NUM_THREADS='1'))
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and time.time() - t0 < 60, out
+    errors = [s for s in out.splitlines() if s.startswith(('config error:', 'error:'))]
+    assert len(errors) == 1 and errors[0].startswith(line), out
+    assert 'train.py", line' not in out, out  # no traceback through train.py from any process
+    if 'missing' in args[0]:
+        assert 'python data/missing/prepare.py' in errors[0]
+    else:
+        assert not os.path.exists(tmp_path / 'out')
+
+
+# --- gradient accumulation: k micro-batches of b sequences are one batch of k x b --------------------
+
+def record_step_grads(setattr_):
+    """Make every optimizer step first record the gradients it applies ({name: tensor}, in the returned
+    list), by wrapping GPT.configure_optimizers with setattr_ (monkeypatch.setattr, or setattr)."""
+    grads = []
+    original = GPT.configure_optimizers
+
+    def configure_optimizers(self, *a, **k):
+        opt = original(self, *a, **k)
+        names = {p: n for n, p in self.named_parameters()}
+        opt.register_step_pre_hook(lambda o, args, kwargs: grads.append(
+            {names[p]: p.grad.detach().clone() for g in o.param_groups for p in g['params'] if p.grad is not None}))
+        return opt
+    setattr_(GPT, 'configure_optimizers', configure_optimizers)
+    return grads
+
+
+def assert_same_step(a, b):
+    """(grads, params, loss) of two one-step runs: equal up to float32 summation order."""
+    (ga, pa, la), (gb, pb, lb) = a, b
+    assert ga.keys() == gb.keys() and len(ga) > 10
+    for k in ga:
+        torch.testing.assert_close(ga[k], gb[k], rtol=1e-4, atol=1e-6, msg=k)
+        torch.testing.assert_close(pa[k], pb[k], rtol=1e-5, atol=1e-6, msg=k)
+    assert la == pytest.approx(lb, rel=1e-5)
+
+
+# no clipping: it would rescale a wrong gradient to the right norm; Adam's first step hides the scale too
+ONE_STEP = dict(max_iters=1, grad_clip=0.0, eval_iters=1)
+
+
+def test_accumulation_equals_one_large_batch(data_root, tmp_path, monkeypatch):
+    grads = record_step_grads(monkeypatch.setattr)
+    steps = []
+    for k, b in ((3, 2), (1, 6)):
+        res = run(data_root, tmp_path / f'k{k}', gradient_accumulation_steps=k, batch_size=b, **ONE_STEP)
+        steps.append((grads[-1], dict(res['model'].named_parameters()), res['losses'][0]))
+    assert len(grads) == 2
+    assert_same_step(*steps)
+
+
+GRAD_SCRIPT = """
+import json, os, sys
+sys.path[:0] = [{root!r}, {tests!r}]
+import torch
+import train
+from test_train import record_step_grads
+grads = record_step_grads(setattr)
+config, out = json.loads(sys.argv[1]), sys.argv[2]
+steps = []
+for k, b in ((4, 2), (2, 4)):  # per process: 2 micro-steps of 2 sequences, or 1 of 4
+    res = train.train(config, gradient_accumulation_steps=k, batch_size=b, out_dir=os.path.join(out, f'k{{k}}'))
+    steps.append((grads[-1], {{n: p.detach().clone() for n, p in res['model'].named_parameters()}},
+                  res['losses'][0]))
+if int(os.environ['RANK']) == 0:
+    torch.save(steps, os.path.join(out, 'steps.pt'))
+torch.distributed.destroy_process_group()
+"""
+
+
+def test_accumulation_equals_one_large_batch_ddp(data_root, tmp_path):
+    """The same under 2-process DDP (gloo): gradients averaged over processes and micro-steps alike."""
+    script = tmp_path / 'grads.py'
+    script.write_text(GRAD_SCRIPT.format(root=ROOT, tests=os.path.join(ROOT, 'tests')))
+    config = dict(TINY, dataset='tiny', data_root=data_root, **ONE_STEP)
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', str(script),
+           json.dumps(config), str(tmp_path)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS='1'))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert_same_step(*torch.load(str(tmp_path / 'steps.pt')))

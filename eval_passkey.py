@@ -1,0 +1,360 @@
+"""
+Passkey retrieval (passkey.py; Mohtashami & Jaggi 2023) of trained checkpoints, per length and depth of
+the key, from the training length up: a clean test of extrapolation for a model that learnt the task at
+its training length (train.py --passkey_frac).
+
+    python eval_passkey.py out/kerple out/dape_kerple out/rope                     # one table per model
+    python eval_passkey.py out/rope --rope_scaling=none,pi,ntk,yarn                 # a row per RoPE scaling
+    python eval_passkey.py out/kerple --lengths=128,512,2048 --depths=0,0.5,1 --trials=20 --filler=sentence
+
+Protocol:
+- A sample of length L is L + 1 tokens: filler, the needle "The pass key is 71432. Remember it." at
+  `depth` (0: first, 1: just before the question), more filler, "What is the pass key? The pass key
+  is" and the key's digits. The model reads the first L tokens; its predictions of the digits are scored.
+- Score per (length, depth): exact-match accuracy (greedy decoding reproduces every digit) over
+  `trials` samples, and the mean log-likelihood per answer token (nats; a model that knows a digit
+  comes but not which scores ln(1/10) = -2.303), which grades models that never get all digits right.
+- `filler=val`: a random stretch of the validation split of the model's dataset (text it was not
+  trained on) per sample; `filler=sentence`: the original's fixed sentence, repeated. Keys and filler
+  are seeded by `seed`, the trial, the length and the depth: every model that shares the tokenizer
+  reads the same prompts, and a trial hides the same key at every length and depth.
+- RoPE context extension at evaluation (positional.py, RoPE.set_scaling): `rope_scaling` lists the
+  methods (none, pi, ntk, yarn), each a row of its own for every RoPE checkpoint; models without RoPE
+  get one row. `rope_scale` is the factor s; 0 takes s = max(1, L / training length) at each length.
+
+Outputs (`out_dir`, default results/passkey/): passkey.json (everything, every sample's key and
+answer), passkey.md (the tables) and passkey_<model>.png (a heat map per row: accuracy, and the
+log-likelihood per token, over length x depth).
+"""
+
+import json
+import os
+import re
+import sys
+import time
+
+import numpy as np
+
+from common import InputError, autocast, find_checkpoints, load_run, load_val, pick_device, pick_dtype, resolve_data_dir
+from configurator import ConfigError, configure
+from passkey import DIGITS, chance_logp_per_digit, passkey_prompts, score_prompts, summarize
+from positional import RoPE, rope_scaling_label, set_rope_scaling
+from tokenizer import get_tokenizer, load_meta, tokenizer_of_vocab
+
+# -----------------------------------------------------------------------------
+_names_before_config = set(globals())
+ckpts = ''               # comma-separated checkpoint dirs/files, in addition to the bare arguments
+labels = ''              # comma-separated, one per checkpoint; '' -> the checkpoint's folder name
+data_dir = ''            # dataset (data/<name>) for the tokenizer and the filler; '' -> the checkpoint's
+lengths = ''             # comma-separated; '' -> training length x 1, 2, 4, 8, 16
+depths = '0,0.25,0.5,0.75,1'  # where the key sits in the filler: 0 first, 1 last
+trials = 10              # samples per length and depth
+filler = 'val'           # 'val': the validation split; 'sentence': the original's repeated sentence
+digits = DIGITS          # digits of the key
+seed = 1337
+rope_scaling = 'none'    # comma-separated RoPE context extensions: none, pi, ntk, yarn (a row each)
+rope_scale = 0.0         # the factor s; 0 -> max(1, L / training length) at each length L
+yarn_alpha = 1.0         # YaRN's ramp: dimensions turning fewer than alpha times over L are interpolated,
+yarn_beta = 32.0         # more than beta times kept (the paper's values for LLaMA)
+batch_tokens = 8192      # tokens per forward (samples of one length batched)
+device = 'auto'          # auto: cuda if available, else cpu
+dtype = 'auto'           # auto: bfloat16 autocast on a GPU that supports it, else float32
+out_dir = 'results/passkey'
+plot = True
+config_keys = [k for k in globals() if k not in _names_before_config and not k.startswith('_')]
+
+
+def split_argv(argv):
+    """Bare arguments that are a directory or a .pt file are checkpoints; the rest is for the configurator."""
+    paths, rest = [], []
+    for a in argv:
+        if not a.startswith('-') and (os.path.isdir(a) or a.endswith('.pt')):
+            paths.append(a)
+        elif not a.startswith('-') and not a.endswith('.py'):
+            raise InputError(f"no checkpoint at '{a}' (give an out_dir holding ckpt.pt, a .pt file, or a config/*.py file)")
+        else:
+            rest.append(a)
+    return paths, rest
+
+
+def parse_list(text, key, kind):
+    try:
+        values = [kind(v) for v in str(text).replace(' ', '').split(',') if v]
+    except ValueError:
+        raise InputError(f"--{key} takes comma-separated {kind.__name__}s, got {text!r}") from None
+    if not values:
+        raise InputError(f"--{key} is empty")
+    return values
+
+
+def check_options(cfg):
+    """Options that would fail late or be misread fail here, before any checkpoint is read:
+    -> (lengths or None, depths, scalings)."""
+    lens = parse_list(cfg['lengths'], 'lengths', int) if cfg['lengths'] else None
+    if lens and min(lens) < 1:
+        raise InputError(f"--lengths must be positive, got {cfg['lengths']!r}")
+    deps = parse_list(cfg['depths'], 'depths', float)
+    bad = [d for d in deps if not 0.0 <= d <= 1.0]
+    if bad:
+        raise InputError(f"--depths must be in [0, 1] (0: the key first, 1: just before the question), got {bad}")
+    scalings = parse_list(cfg['rope_scaling'], 'rope_scaling', str)
+    unknown = [s for s in scalings if s not in RoPE.SCALINGS]
+    if unknown:
+        raise InputError(f"--rope_scaling: unknown {unknown}; choose from {', '.join(RoPE.SCALINGS)}")
+    if cfg['rope_scale'] and not cfg['rope_scale'] >= 1:
+        raise InputError(f"--rope_scale must be >= 1 (the context extension factor s), or 0 for L / training "
+                         f"length; got {cfg['rope_scale']}")
+    if cfg['rope_scale'] and scalings == ['none']:
+        raise InputError("--rope_scale has no effect without --rope_scaling=pi, ntk or yarn")
+    if not 0 <= cfg['yarn_alpha'] < cfg['yarn_beta']:
+        raise InputError(f"--yarn_alpha and --yarn_beta need 0 <= alpha < beta, got {cfg['yarn_alpha']}, {cfg['yarn_beta']}")
+    if cfg['trials'] < 1 or cfg['digits'] < 1 or cfg['batch_tokens'] < 1:
+        raise InputError("--trials, --digits and --batch_tokens must be positive")
+    if cfg['filler'] not in ('val', 'sentence'):
+        raise InputError(f"--filler must be 'val' (the validation split) or 'sentence' (a fixed sentence), "
+                         f"got {cfg['filler']!r}")
+    return lens, deps, scalings
+
+
+def tokenizer_and_filler(ckpt, model, cfg):
+    """(data_dir or None, tokenizer, filler token array or None) of a checkpoint. The validation split
+    is needed for filler=val; filler=sentence only needs the tokenizer, which the vocabulary tells
+    when the dataset is not on this machine."""
+    try:
+        d = resolve_data_dir(ckpt, cfg['data_dir'])
+    except InputError:
+        if cfg['filler'] == 'val' or cfg['data_dir']:
+            raise
+        name = tokenizer_of_vocab(model.config.vocab_size)
+        if name is None:
+            raise InputError("cannot tell the model's tokenizer: its dataset is not here; pass --data_dir=") from None
+        return None, get_tokenizer(name), None
+    meta = load_meta(d)
+    if meta['vocab_size'] > model.config.vocab_size:
+        raise InputError(f"{d} has a vocabulary of {meta['vocab_size']}, larger than the model's "
+                         f"{model.config.vocab_size}: wrong dataset? pass --data_dir=")
+    data = load_val(d)[0] if cfg['filler'] == 'val' else None
+    return os.path.normpath(d), get_tokenizer(meta), data
+
+
+# -----------------------------------------------------------------------------
+# tables and plots
+
+
+def table(header, rows, markdown=False):
+    if markdown:
+        lines = ['| ' + ' | '.join(header) + ' |', '| ' + ' | '.join('---' for _ in header) + ' |']
+        return '\n'.join(lines + ['| ' + ' | '.join(r) + ' |' for r in rows])
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    fmt = lambda r: '  '.join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+    return '\n'.join([fmt(header), '  '.join('-' * w for w in widths)] + [fmt(r) for r in rows])
+
+
+def model_table(row, lens, markdown=False):
+    """One model: a row per depth, a column per length; 'accuracy% (log-likelihood per token)'."""
+    header = ['depth'] + [str(L) for L in lens]
+    out = []
+    for d in row['depths']:
+        cells = []
+        for L in lens:
+            c = row['cells'][L]
+            cells.append(c if isinstance(c, str) else f"{100 * c[d]['accuracy']:.0f}% ({c[d]['logp_mean']:.2f})")
+        out.append([f"{d:g}"] + cells)
+    return table(header, out, markdown)
+
+
+def summary_table(rows, lens, metric, markdown=False):
+    """All models: a row each, a column per length; the metric averaged over depths."""
+    header = ['model'] + [str(L) for L in lens]
+    out = []
+    for r in rows:
+        cells = []
+        for L in lens:
+            c = r['per_length'][L]
+            cells.append(c if isinstance(c, str) else
+                         f"{100 * c['accuracy']:.0f}%" if metric == 'accuracy' else f"{c['logp_mean']:.3f}")
+        out.append([r['label']] + cells)
+    return table(header, out, markdown)
+
+
+def plot_heatmap(row, lens, path):
+    """Accuracy and log-likelihood per token over length x depth, for one model."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    deps = row['depths']
+    acc = np.full((len(deps), len(lens)), np.nan)
+    lp = np.full((len(deps), len(lens)), np.nan)
+    for j, L in enumerate(lens):
+        if not isinstance(row['cells'][L], str):
+            for i, d in enumerate(deps):
+                acc[i, j] = 100 * row['cells'][L][d]['accuracy']
+                lp[i, j] = row['cells'][L][d]['logp_mean']
+    fig, axes = plt.subplots(1, 2, figsize=(11, 0.5 * len(deps) + 2.6))
+    panels = ((acc, 'exact match (%)', 'viridis', 0, 100, '{:.0f}'),
+              (lp, 'log-likelihood per answer token (nats)', 'magma', min(np.nanmin(lp) if np.isfinite(lp).any() else -1,
+                                                                         chance_logp_per_digit()), 0, '{:.2f}'))
+    for ax, (m, title, cmap, lo, hi, fmt) in zip(axes, panels):
+        im = ax.imshow(m, cmap=cmap, vmin=lo, vmax=hi, aspect='auto')
+        for i in range(len(deps)):
+            for j in range(len(lens)):
+                ax.text(j, i, 'n/a' if np.isnan(m[i, j]) else fmt.format(m[i, j]), ha='center', va='center',
+                        fontsize=8, color='grey' if np.isnan(m[i, j]) else 'white' if m[i, j] < (lo + hi) / 2 else 'black')
+        ax.set_xticks(range(len(lens)), [f"{L}\n{L / row['block_size']:g}x" for L in lens], fontsize=8)
+        ax.set_yticks(range(len(deps)), [f"{d:g}" for d in deps], fontsize=8)
+        ax.set_xlabel('prompt length (tokens and multiple of the training length)')
+        ax.set_ylabel('depth of the key')
+        ax.set_title(title, fontsize=10)
+        fig.colorbar(im, ax=ax)
+    fig.suptitle(f"passkey retrieval: {row['label']} ({row['trials']} samples per cell)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def file_name(label):
+    return 'passkey_' + re.sub(r'[^A-Za-z0-9_.+-]+', '_', label).strip('_') + '.png'
+
+
+# -----------------------------------------------------------------------------
+
+
+def evaluate(cfg, ckpt_paths):
+    """Score the checkpoints on passkey retrieval; write and return the results."""
+    lens, deps, scalings = check_options(cfg)
+    dev = pick_device(cfg['device'])
+    ctx = autocast(dev, pick_dtype(cfg['dtype'], dev))
+    files = find_checkpoints(ckpt_paths)
+    if not files:
+        raise InputError("no checkpoints given: python eval_passkey.py out/run1 out/run2 ... (or --ckpts=)")
+    names = [s for s in cfg['labels'].split(',') if s] if cfg['labels'] else None
+    if names is not None and len(names) != len(files):
+        raise InputError(f"--labels has {len(names)} names for {len(files)} checkpoints: {files}")
+
+    # every checkpoint, its tokenizer and filler first: bad input fails before any evaluation
+    runs, sources = [], {}
+    for i, path in enumerate(files):
+        model, ckpt = load_run(path, 'cpu')
+        d, tok, data = tokenizer_and_filler(ckpt, model, cfg)
+        name = names[i] if names else os.path.basename(os.path.dirname(os.path.abspath(path)))
+        runs.append({'path': path, 'name': name, 'data_dir': d, 'tokenizer': tok.name, 'pos': model.config.pos,
+                     'block_size': model.config.block_size,
+                     'n_positions': model.pe[0].n_positions if model.config.pos == 'learned' else None})
+        sources[(d, tok.name)] = (tok, data)
+        del model
+    if scalings != ['none'] and not any(r['pos'] == 'rope' for r in runs):
+        raise InputError(f"--rope_scaling={cfg['rope_scaling']} applies to RoPE models only; these have "
+                         f"pos={', '.join(sorted({r['pos'] for r in runs}))}")
+    defaulted = lens is None
+    if defaulted:
+        lens = sorted({b * m for b in {r['block_size'] for r in runs} for m in (1, 2, 4, 8, 16)})
+
+    # the prompts, once per tokenizer and filler: the same for every model that shares them. A default
+    # length too short for the prompt (a short training length) is left out; one asked for is an error
+    prompts, kept = {key: [] for key in sources}, []
+    for L in lens:
+        try:
+            built = {key: passkey_prompts(tok, [L], deps, cfg['trials'], cfg['seed'], data, cfg['digits'])
+                     for key, (tok, data) in sources.items()}
+        except ValueError as e:  # a length too short for the prompt, or a split too short for the filler
+            if defaulted and 'too short' in str(e):
+                print(f"note: leaving out length {L}: {e}")
+                continue
+            hint = " (--filler=sentence needs no validation split)" if 'filler data' in str(e) else ''
+            raise InputError(f"{e}{hint}") from None
+        kept.append(L)
+        for key in built:
+            prompts[key] += built[key]
+    lens = kept
+    if not lens:
+        raise InputError("none of the default lengths holds a passkey prompt; give longer ones with --lengths=")
+
+    print(f"passkey retrieval on {dev}: lengths {lens}, depths {deps}, {cfg['trials']} trials each, "
+          f"filler={cfg['filler']}, seed {cfg['seed']}")
+    rows = []
+    for r in runs:
+        tok, _ = sources[(r['data_dir'], r['tokenizer'])]
+        model, _ = load_run(r['path'], dev)
+        for kind in scalings if r['pos'] == 'rope' else ['none']:
+            label = r['name'] + rope_scaling_label(kind, cfg['rope_scale'], not cfg['rope_scale'], r['block_size'])
+            row = {'label': label, 'path': r['path'], 'pos': r['pos'], 'block_size': r['block_size'],
+                   'rope_scaling': kind, 'rope_scale': {}, 'depths': deps, 'trials': cfg['trials'],
+                   'cells': {}, 'per_length': {}, 'samples': []}
+            for L in lens:
+                if r['n_positions'] is not None and L > r['n_positions']:
+                    row['cells'][L] = row['per_length'][L] = 'n/a: learned'
+                    continue
+                s = set_rope_scaling(model, kind, cfg['rope_scale'], L, cfg['yarn_alpha'], cfg['yarn_beta'])
+                row['rope_scale'][L] = s
+                ps = [dict(p) for p in prompts[(r['data_dir'], r['tokenizer'])] if p['length'] == L]
+                t0 = time.time()
+                score_prompts(model, ps, dev, ctx, batch=max(1, cfg['batch_tokens'] // L))
+                cells = summarize(ps)[L]
+                row['cells'][L] = cells
+                row['per_length'][L] = {m: float(np.mean([c[m] for c in cells.values()]))
+                                        for m in ('accuracy', 'logp_mean', 'logp')}
+                row['samples'] += [{'length': L, 'depth': p['depth'], 'trial': p['trial'], 'key': p['key'],
+                                    'said': tok.decode(p['said']), 'exact': p['exact'], 'logp': round(p['logp'], 5)}
+                                   for p in ps]
+                pl = row['per_length'][L]
+                print(f"  {label:<28} L={L:<6} exact {100 * pl['accuracy']:5.1f}%  log-likelihood per token "
+                      f"{pl['logp_mean']:7.3f}  ({len(ps)} samples, {time.time() - t0:.1f}s)", flush=True)
+            set_rope_scaling(model, 'none')
+            rows.append(row)
+        del model
+
+    protocol = {'lengths': lens, 'depths': deps, 'trials': cfg['trials'], 'filler': cfg['filler'],
+                'seed': cfg['seed'], 'digits': cfg['digits'], 'rope_scaling': scalings,
+                'rope_scale': cfg['rope_scale'] or 'L / block_size', 'yarn_alpha': cfg['yarn_alpha'],
+                'yarn_beta': cfg['yarn_beta'], 'chance_logp_per_digit': chance_logp_per_digit()}
+    write_outputs(cfg, protocol, rows, lens)
+    return {'protocol': protocol, 'rows': rows}
+
+
+def write_outputs(cfg, protocol, rows, lens):
+    out = cfg['out_dir']
+    os.makedirs(out, exist_ok=True)
+    chance = (f"Chance: exact match ~0; log-likelihood per token ln(1/10) = {chance_logp_per_digit():.3f} for a "
+              f"model that knows a digit comes but not which.")
+    text = [f"exact match, mean over depths\n{summary_table(rows, lens, 'accuracy')}",
+            f"log-likelihood per answer token (nats), mean over depths\n{summary_table(rows, lens, 'logp')}"]
+    text += [f"{r['label']}: exact match (log-likelihood per token), per depth\n{model_table(r, lens)}" for r in rows]
+    print('\n' + '\n\n'.join(text) + '\n\n' + chance)
+
+    md = ['# Passkey retrieval', '',
+          f"{protocol['trials']} samples per length and depth; filler: {protocol['filler']}; seed {protocol['seed']}; "
+          f"{protocol['digits']}-digit keys. {chance}", '',
+          '## Exact match, mean over depths', '', summary_table(rows, lens, 'accuracy', True), '',
+          '## Log-likelihood per answer token (nats), mean over depths', '', summary_table(rows, lens, 'logp', True), '']
+    for r in rows:
+        md += [f"## {r['label']}: exact match (log-likelihood per token) per depth", '', model_table(r, lens, True), '']
+    with open(os.path.join(out, 'passkey.md'), 'w') as f:
+        f.write('\n'.join(md))
+    jsonable = lambda o: ({str(k): jsonable(v) for k, v in o.items()} if isinstance(o, dict) else
+                          [jsonable(v) for v in o] if isinstance(o, (list, tuple)) else o)
+    with open(os.path.join(out, 'passkey.json'), 'w') as f:
+        json.dump(jsonable({'protocol': protocol, 'rows': rows}), f, indent=1, allow_nan=False)
+    written = ['passkey.json', 'passkey.md']
+    if cfg['plot']:
+        for r in rows:
+            plot_heatmap(r, lens, os.path.join(out, file_name(r['label'])))
+            written.append(file_name(r['label']))
+    print(f"wrote {', '.join(os.path.join(out, w) for w in written)}")
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if '-h' in argv or '--help' in argv:
+        print(__doc__.strip() + '\n')  # then the configurator lists the keys and exits
+    paths, rest = split_argv(argv)
+    cfg = configure({k: globals()[k] for k in config_keys}, rest)
+    paths += [p for p in cfg['ckpts'].split(',') if p]
+    return evaluate(cfg, paths)
+
+
+if __name__ == '__main__':
+    try:
+        main()
+    except (InputError, ConfigError) as e:
+        print(f"eval_passkey.py: error: {e}", file=sys.stderr)
+        sys.exit(2)

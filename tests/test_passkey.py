@@ -1,0 +1,304 @@
+"""Passkey retrieval (passkey.py, eval_passkey.py, train.py --passkey_frac): the key's digits where the
+depth says, the scorer against an oracle that copies the key and a uniform model, the same prompts for
+every model, the one-line errors, and tiny end-to-end runs."""
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+import eval_passkey as EP
+import passkey as P
+import train
+from common import InputError
+from configurator import ConfigError
+from model import GPT, GPTConfig
+from tokenizer import get_tokenizer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TEXT = ("It was a bright cold day in April, and the clocks were striking thirteen. Winston Smith, his chin "
+        "nuzzled into his breast in an effort to escape the vile wind, slipped quickly through the glass doors. ")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()  # tiny models: a second thread only adds waiting on a busy machine
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(params=['byte', 'gpt2'])
+def tok(request):
+    return get_tokenizer(request.param)
+
+
+def text_tokens(tok, n):
+    return np.resize(np.asarray(tok.encode(TEXT), dtype=np.int64), n)
+
+
+# -----------------------------------------------------------------------------
+# prompts
+
+
+@pytest.mark.parametrize('depth', [0.0, 0.25, 0.5, 0.75, 1.0])
+def test_digits_are_where_the_depth_says(tok, depth):
+    L, key = 200, '71432'
+    filler = text_tokens(tok, L)
+    p = P.make_prompt(tok, key, filler, L, depth)
+    ids = p['ids']
+    assert len(ids) == L + 1 and p['length'] == L
+    assert tok.decode(ids[p['answer']]).strip() == key and tok.decode(ids[p['needle']]).strip() == key
+    assert p['answer'].stop == L + 1  # the answer ends the sample
+    text = tok.decode(ids)
+    assert text.endswith("What is the pass key? The pass key is " + key)
+    assert "The pass key is " + key + ". Remember it." in text
+    # the filler is one stretch, cut where the depth says: before the needle round(depth * n) of its tokens
+    before = tok.encode("\nThe pass key is")
+    start = next(i for i in range(len(ids)) if list(ids[i:i + len(before)]) == before)
+    question = tok.encode(P.QUESTION)
+    q_at = next(i for i in range(start, len(ids)) if list(ids[i:i + len(question)]) == question)
+    needle_len = len(tok.encode(P.NEEDLE.replace('{key}', key).split(' ' + key)[0])) + len(tok.encode(' ' + key)) \
+        + len(tok.encode(P.NEEDLE.split('{key}')[1]))
+    n_fill = q_at - needle_len  # filler tokens in all: before the needle and between needle and question
+    assert start == round(depth * n_fill)
+    assert list(ids[:start]) == list(filler[:start])
+    assert list(ids[start + needle_len:q_at]) == list(filler[start:n_fill])
+    assert abs(start / n_fill - depth) <= 0.5 / n_fill + 1e-9
+
+
+def test_prompt_errors(tok):
+    filler = text_tokens(tok, 300)
+    with pytest.raises(ValueError, match=r'depth must be in \[0, 1\]'):
+        P.make_prompt(tok, '12345', filler, 200, 1.5)
+    with pytest.raises(ValueError, match='too short to hold a passkey prompt'):
+        P.make_prompt(tok, '12345', filler, 10, 0.5)
+
+
+def test_prompts_are_seeded_and_shared(tok):
+    data = text_tokens(tok, 5000)
+    a = P.passkey_prompts(tok, [120, 240], [0.0, 1.0], 3, seed=5, data=data)
+    b = P.passkey_prompts(tok, [120, 240], [0.0, 1.0], 3, seed=5, data=data)
+    assert len(a) == 2 * 2 * 3 and all(np.array_equal(x['ids'], y['ids']) for x, y in zip(a, b))
+    keys = {(p['length'], p['depth'], p['trial']): p['key'] for p in a}
+    assert all(keys[(L, d, t)] == keys[(120, 0.0, t)] for L, d, t in keys)  # a trial's key at every cell
+    assert len({keys[(120, 0.0, t)] for t in range(3)}) == 3
+    c = P.passkey_prompts(tok, [120], [0.0], 3, seed=6, data=data)
+    assert [p['key'] for p in c] != [p['key'] for p in a[:3]]
+    s = P.passkey_prompts(tok, [300], [1.0], 1, seed=5)  # the fixed sentence
+    assert 'The grass is green. The sky is blue.' in tok.decode(s[0]['ids'])
+
+
+# -----------------------------------------------------------------------------
+# the scorer
+
+
+class Oracle(torch.nn.Module):
+    """Reads the key from the needle in its input and, after the question, predicts its digits one by one."""
+
+    def __init__(self, tok, vocab):
+        super().__init__()
+        self.vocab = vocab
+        lead, _ = P.key_tokens(tok, '12345')
+        self.head = tok.encode("\nThe pass key is") + lead
+        self.question = tok.encode(P.QUESTION) + lead
+
+    def forward(self, idx, last):
+        B, T = idx.shape
+        logits = torch.zeros(B, last, self.vocab)  # the last `last` positions, T - last .. T - 1
+        for b in range(B):
+            row = idx[b].tolist()
+            find = lambda pat: next(i for i in range(T) if row[i:i + len(pat)] == pat) + len(pat)
+            key_at, answer_at = find(self.head), find(self.question)
+            for t in range(max(answer_at - 1, T - last), T):  # position t predicts answer token t - answer_at + 1
+                logits[b, t - (T - last), row[key_at + t - answer_at + 1]] = 30.0
+        return logits, None
+
+
+class Uniform(torch.nn.Module):
+    def __init__(self, vocab):
+        super().__init__()
+        self.vocab = vocab
+
+    def forward(self, idx, last):
+        return torch.zeros(idx.shape[0], last, self.vocab), None
+
+
+def test_oracle_scores_100_and_uniform_scores_chance(tok):
+    V = 256 if tok.name == 'byte' else 50304
+    prompts = P.passkey_prompts(tok, [150, 300], [0.0, 0.5, 1.0], 4, seed=1, data=text_tokens(tok, 4000))
+    oracle = P.summarize(P.score_prompts(Oracle(tok, V), [dict(p) for p in prompts], batch=3))
+    for L in (150, 300):
+        for d in (0.0, 0.5, 1.0):
+            assert oracle[L][d]['accuracy'] == 1.0 and oracle[L][d]['logp_mean'] > -1e-6
+    uniform = P.score_prompts(Uniform(V), [dict(p) for p in prompts], batch=5)
+    # chance of exact match is 1 / V per token (~1e-12 for 5 bytes): none; each token ln(1/V)
+    assert not any(p['exact'] for p in uniform)
+    for p in uniform:
+        n = p['answer'].stop - p['answer'].start
+        assert p['logp_mean'] == pytest.approx(-math.log(V)) and p['logp'] == pytest.approx(-n * math.log(V))
+
+
+def test_scores_are_the_models_own_and_batching_changes_nothing():
+    tok = get_tokenizer('byte')
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=32, vocab_size=256, n_layer=2, n_head=2, n_embd=16, pos='kerple')).eval()
+    prompts = P.passkey_prompts(tok, [100], [0.0, 1.0], 3, seed=2, data=text_tokens(tok, 2000))
+    one = P.score_prompts(model, [dict(p) for p in prompts], batch=1)
+    many = P.score_prompts(model, [dict(p) for p in prompts], batch=4)
+    for a, b in zip(one, many):
+        assert a['said'] == b['said'] and a['logp'] == pytest.approx(b['logp'], abs=1e-4)
+    p = one[0]
+    ids = torch.from_numpy(p['ids'])
+    with torch.no_grad():
+        logits, _ = model(ids[None, :-1], ids[None, 1:])
+    lp = torch.log_softmax(logits[0], -1)
+    want = sum(float(lp[i - 1, ids[i]]) for i in range(p['answer'].start, p['answer'].stop))
+    assert p['logp'] == pytest.approx(want, abs=1e-4)
+    # greedy decoding's first token is the first arg max; exact needs all of them to be the key's
+    out = model.generate(ids[None, :p['answer'].start], 1, temperature=0)
+    assert int(out[0, -1]) == p['said'][0]
+    assert p['exact'] == (p['said'] == list(p['ids'][p['answer']]))
+
+
+# -----------------------------------------------------------------------------
+# training
+
+
+def make_text_data(root, name='text', n_train=20000, n_val=6000):
+    """Byte-level text (vocab 256, as the passkey prompt needs) in train.py's format."""
+    d = os.path.join(root, name)
+    os.makedirs(d, exist_ok=True)
+    ids = np.frombuffer((TEXT * 200).encode(), dtype=np.uint8)
+    np.resize(ids, n_train).tofile(os.path.join(d, 'train.bin'))
+    np.resize(ids[50:], n_val).tofile(os.path.join(d, 'val.bin'))
+    with open(os.path.join(d, 'meta.json'), 'w') as f:
+        json.dump({'vocab_size': 256, 'tokenizer': 'byte', 'dtype': 'uint8', 'eot_token': 30,
+                   'train_tokens': n_train, 'val_tokens': n_val}, f)
+    return d
+
+
+def test_mix_into_batch():
+    tok = get_tokenizer('byte')
+    data = np.resize(np.frombuffer(TEXT.encode(), dtype=np.uint8), 3000)
+    T = 96
+    x = torch.stack([torch.from_numpy(data[i:i + T].astype(np.int64)) for i in range(0, 800, 100)])
+    y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + T].astype(np.int64)) for i in range(0, 800, 100)])
+    x0, y0 = x.clone(), y.clone()
+    P.mix_into_batch(x, y, data, tok, 0.5, torch.Generator().manual_seed(0))
+    mixed = [r for r in range(8) if 'What is the pass key?' in tok.decode(x[r].tolist())]
+    assert 0 < len(mixed) < 8
+    for r in range(8):
+        if r not in mixed:
+            assert torch.equal(x[r], x0[r]) and torch.equal(y[r], y0[r])
+            continue
+        kept = y[r, :-1] >= 0
+        assert torch.equal(x[r, 1:][kept], y[r, :-1][kept])  # targets are the next tokens, where kept
+        text = tok.decode(torch.cat((x[r], y[r, -1:])).tolist())
+        key = text.rsplit('The pass key is ', 1)[1]
+        assert len(key) == 5 and key.isdigit() and f"The pass key is {key}. Remember it." in text
+        assert (y[r] == -1).sum() == 5  # the needle's digits are not targets, the answer's are
+        assert tok.decode(y[r, -5:].tolist()) == key
+    # the same generator state gives the same batch (resume draws the same samples)
+    x2, y2 = x0.clone(), y0.clone()
+    P.mix_into_batch(x2, y2, data, tok, 0.5, torch.Generator().manual_seed(0))
+    assert torch.equal(x2, x) and torch.equal(y2, y)
+
+
+def test_train_with_passkey_frac(tmp_path):
+    root = str(tmp_path / 'data')
+    make_text_data(root)
+    cfg = SimpleNamespace(batch_size=8, passkey_frac=0.5)
+    get_batch = train.batch_reader(cfg, os.path.join(root, 'text'), np.uint8, 'cpu')
+    x, y = get_batch('train', torch.Generator().manual_seed(0), 96)
+    tok = get_tokenizer('byte')
+    assert any('What is the pass key? The pass key is' in tok.decode(r.tolist()) for r in x)
+    xv, _ = get_batch('val', torch.Generator().manual_seed(0), 96)  # validation batches stay text
+    assert not any('pass key' in tok.decode(r.tolist()) for r in xv)
+    small = dict(n_layer=1, n_head=2, n_embd=16, block_size=96, batch_size=4, gradient_accumulation_steps=1,
+                 eval_interval=3, eval_iters=1, log_interval=100, warmup_iters=1, lr_decay_iters=3, max_iters=3,
+                 device='cpu', dataset='text', data_root=root)
+    res = train.train(small, out_dir=str(tmp_path / 'out'), passkey_frac=0.5)
+    assert res['iter_num'] == 3 and all(math.isfinite(v) for v in res['losses'])
+    for bad in (1.0, -0.1):
+        with pytest.raises(ConfigError, match=r'passkey_frac must be in \[0, 1\)'):
+            train.train(small, out_dir=str(tmp_path / 'bad'), passkey_frac=bad)
+    with pytest.raises(ConfigError, match='too short to hold a passkey prompt'):  # 32 bytes cannot hold it
+        train.train(small, out_dir=str(tmp_path / 'short'), passkey_frac=0.5, block_size=32)
+
+
+# -----------------------------------------------------------------------------
+# eval_passkey.py
+
+
+def make_ckpt(root, run, **kw):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**{**dict(block_size=48, vocab_size=256, n_layer=1, n_head=2, n_embd=16), **kw}))
+    out = os.path.join(root, 'out', run)
+    os.makedirs(out, exist_ok=True)
+    torch.save({'model': model.state_dict(), 'model_args': dataclasses.asdict(model.config), 'iter_num': 1,
+                'dataset': 'text', 'config': {'dataset': 'text', 'data_root': os.path.join(root, 'data')}},
+               os.path.join(out, 'ckpt.pt'))
+    return out
+
+
+def ep_cfg(**kw):
+    c = {k: getattr(EP, k) for k in EP.config_keys}
+    c.update(device='cpu', lengths='96,192', depths='0,0.5,1', trials=2)
+    c.update(kw)
+    return c
+
+
+def test_eval_passkey_end_to_end(tmp_path):
+    root = str(tmp_path)
+    make_text_data(os.path.join(root, 'data'))
+    ckpts = [make_ckpt(root, 'kerple', pos='kerple'), make_ckpt(root, 'rope', pos='rope')]
+    out = os.path.join(root, 'res')
+    res = EP.evaluate(ep_cfg(out_dir=out, rope_scaling='none,yarn'), ckpts)
+    labels = [r['label'] for r in res['rows']]
+    assert labels == ['kerple', 'rope', 'rope+yarn(s=L/48)']
+    for r in res['rows']:
+        for L in (96, 192):
+            assert set(r['cells'][L]) == {0.0, 0.5, 1.0}
+            assert all(0 <= c['accuracy'] <= 1 and c['n'] == 2 and math.isfinite(c['logp_mean'])
+                       for c in r['cells'][L].values())
+    assert res['rows'][2]['rope_scale'] == {96: 2.0, 192: 4.0}
+    # every model read the same prompts
+    keys = [[(s['length'], s['depth'], s['key']) for s in r['samples']] for r in res['rows']]
+    assert keys[0] == keys[1] == keys[2]
+    with open(os.path.join(out, 'passkey.json')) as f:
+        saved = json.load(f)
+    assert saved['protocol']['lengths'] == [96, 192] and len(saved['rows']) == 3
+    md = open(os.path.join(out, 'passkey.md')).read()
+    assert '| rope+yarn(s=L/48) |' in md
+    assert all(os.path.getsize(os.path.join(out, EP.file_name(lab))) > 1000 for lab in labels)
+    # default lengths: the training length x 1 .. 16, and filler=sentence needs no validation split
+    res = EP.evaluate(ep_cfg(out_dir=out, lengths='', depths='0.5', trials=1, filler='sentence', plot=False),
+                      ckpts[:1])
+    assert res['protocol']['lengths'] == [48 * m for m in (2, 4, 8, 16)]  # 48 bytes cannot hold the prompt
+
+
+def test_eval_passkey_errors_are_one_line(tmp_path):
+    root = str(tmp_path)
+    make_text_data(os.path.join(root, 'data'))
+    kerple, rope = make_ckpt(root, 'kerple', pos='kerple'), make_ckpt(root, 'rope', pos='rope')
+    cases = [([kerple, '--rope_scaling=yarn'], 'applies to RoPE models only'),
+             ([rope, '--depths=0,1.5'], 'must be in [0, 1]'),
+             ([rope, '--lengths=40'], 'too short to hold a passkey prompt'),
+             ([rope, '--rope_scaling=linear'], 'unknown'),
+             ([rope, '--rope_scale=4'], 'no effect without --rope_scaling')]
+    for args, msg in cases:  # in this process: each message is one line
+        with pytest.raises(InputError) as e:
+            EP.main([*args, '--device=cpu', f'--out_dir={root}/x'])
+        assert msg in str(e.value) and '\n' not in str(e.value), (args, str(e.value))
+    # and on the command line: that line alone, exit status 2
+    r = subprocess.run([sys.executable, 'eval_passkey.py', kerple, '--rope_scaling=yarn', '--device=cpu'],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.startswith('eval_passkey.py: error: --rope_scaling=yarn applies to RoPE')
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
