@@ -1,0 +1,91 @@
+"""model.py with DAPE in the fused kernel (dape_triton.py, dape_impl='triton'), run on the CPU through
+Triton's interpreter: the same losses, gradients, blocked evaluation and KV-cache decoding as with the
+PyTorch path (dape_impl='torch'); 'auto' keeps the CPU on the PyTorch path; what the kernel does not cover
+is an error when it is forced."""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # before dape_triton decorates its kernels (on first use)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+import dape_triton  # noqa: E402
+from model import GPT, GPTConfig, KVCache  # noqa: E402
+
+TINY = dict(block_size=8, vocab_size=32, n_layer=2, n_head=3, n_embd=12, dape_width=6)
+
+
+def pair(**kw):
+    """The same weights with the kernel and with the PyTorch path (weights moved off their init, so that
+    f matters)."""
+    torch.manual_seed(0)
+    fused = GPT(GPTConfig(**TINY, dape_impl="triton", **kw))
+    with torch.no_grad():
+        for p in fused.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    plain = GPT(GPTConfig(**TINY, dape_impl="torch", **kw))
+    plain.load_state_dict(fused.state_dict())
+    return fused, plain
+
+
+@pytest.mark.parametrize("kw", [dict(pos="kerple", dape="v1"), dict(pos="alibi", dape="v2"),
+                                dict(pos="rope", dape="v1"), dict(pos="t5", dape="v2", dape_variant="concat"),
+                                dict(pos="fire", dape="v1", dape_variant="add_residual")])
+def test_training_step_equals_the_pytorch_path(kw):
+    fused, plain = pair(**kw)
+    x = torch.randint(0, 32, (2, 19))  # past the training length and over two 16-key tiles
+    losses = []
+    for m in (fused, plain):
+        _, loss = m(x, x)
+        loss.backward()
+        losses.append(loss)
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6)
+    for (name, a), b in zip(fused.named_parameters(), plain.parameters()):
+        scale = max(b.grad.abs().max().item(), 1e-3)
+        assert (a.grad - b.grad).abs().max().item() / scale < 1e-3, name
+
+
+def test_blocked_evaluation_and_kv_cache_use_the_kernel(monkeypatch):
+    fused, plain = pair(pos="kerple", dape="v2")
+    fused.eval(), plain.eval()
+    calls = []
+    real = dape_triton.attention
+    monkeypatch.setattr(dape_triton, "attention", lambda *a, **k: calls.append(k["q_offset"]) or real(*a, **k))
+    x = torch.randint(0, 32, (1, 20))
+    for m in (fused, plain):
+        for block in m.transformer.h:
+            block.attn.attn_chunk = 7  # blocks of queries: 0, 7, 14
+    with torch.no_grad():
+        a, _ = fused(x, x)
+        b, _ = plain(x, x)
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert sorted(set(calls)) == [0, 7, 14]
+    calls.clear()
+    cache_f, cache_p = KVCache(2), KVCache(2)
+    with torch.no_grad():
+        for t in range(4):  # a prompt, then one token at a time against the cache
+            step = x[:, :5] if t == 0 else x[:, 4 + t:5 + t]
+            a, _ = fused(step, cache=cache_f)
+            b, _ = plain(step, cache=cache_p)
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert 5 in calls and 7 in calls  # the cache steps' queries sit after the cached keys
+
+
+def test_auto_keeps_the_cpu_on_the_pytorch_path(monkeypatch):
+    monkeypatch.setattr(dape_triton, "attention", lambda *a, **k: pytest.fail("the kernel ran on the CPU"))
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**TINY, pos="kerple", dape="v1"))
+    model(torch.randint(0, 32, (1, 9)), torch.randint(0, 32, (1, 9)))
+
+
+@pytest.mark.parametrize("kw,why", [(dict(pos="cope", dape="v1"), "depend on the content"),
+                                    (dict(pos="xl", dape="v1"), "depend on the content"),
+                                    (dict(pos="kerple", dape="v1", dropout=0.1), "dropout")])
+def test_forcing_the_kernel_where_it_does_not_apply_is_an_error(kw, why):
+    model = GPT(GPTConfig(**TINY, dape_impl="triton", **kw))
+    x = torch.randint(0, 32, (1, 5))
+    with pytest.raises(ValueError, match=f"dape_impl='triton' cannot run here: .*{why}"):
+        model(x, x)
