@@ -2,8 +2,8 @@
 independent float64 autograd reference, prefix consistency, agreement with dape.py's modules, and its
 input checks.
 
-Without a GPU the kernels run under Triton's interpreter (TRITON_INTERPRET=1, set below before
-dape_triton builds its kernels), which is slow: the shapes are small, and the block sizes 16 (the least
+Without a GPU the kernels run under Triton's interpreter (TRITON_INTERPRET=1, set by conftest.py before
+anything imports Triton), which is slow: the shapes are small, and the block sizes 16 (the least
 the kernel takes) still give several query and key blocks at T = 20 and 37. The float32 kernel must
 match the float64 reference to float32 rounding: each tensor within 1e-4 of its own largest entry."""
 
@@ -14,11 +14,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-pytest.importorskip("triton")
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")  # without a GPU, conftest.py has set TRITON_INTERPRET=1 before this import
 
-import dape_triton  # noqa: E402  (after TRITON_INTERPRET)
+import dape_triton  # noqa: E402
 from dape import DAPEV1, DAPEV2  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -3,14 +3,10 @@ Triton's interpreter: the same losses, gradients, blocked evaluation and KV-cach
 PyTorch path (dape_impl='torch'); 'auto' keeps the CPU on the PyTorch path; what the kernel does not cover
 is an error when it is forced."""
 
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():  # before dape_triton decorates its kernels (on first use)
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-pytest.importorskip("triton")
+pytest.importorskip("triton")  # without a GPU, conftest.py has set TRITON_INTERPRET=1 before this import
 
 import dape_triton  # noqa: E402
 from model import GPT, GPTConfig, KVCache  # noqa: E402
