@@ -117,6 +117,21 @@ def load_run(path, device):
     return model, ckpt
 
 
+def split_checkpoint_args(argv):
+    """A command line's bare arguments that are a directory or a .pt file are checkpoints; other bare
+    arguments (config files) and --key=value options are for the configurator. -> (paths, the rest)"""
+    paths, rest = [], []
+    for a in argv:
+        if not a.startswith('-') and (os.path.isdir(a) or a.endswith('.pt')):
+            paths.append(a)
+        elif not a.startswith('-') and not a.endswith('.py'):
+            raise InputError(f"no checkpoint at '{a}' (give an out_dir holding ckpt.pt, a .pt file, or a "
+                             f"config/*.py file)")
+        else:
+            rest.append(a)
+    return paths, rest
+
+
 def find_checkpoints(paths):
     """ckpt.pt files for the given paths: a .pt file, a directory holding ckpt.pt, or a directory whose
     immediate subdirectories hold ckpt.pt (e.g. out/ with out/kerple_s1, out/kerple_s2, ...)."""

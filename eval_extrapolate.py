@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from common import (InputError, autocast, find_checkpoints, find_data_dir, load_run, load_val, pick_device,
-                    pick_dtype, resolve_data_dir, training_data_dirs)
+                    pick_dtype, resolve_data_dir, split_checkpoint_args, training_data_dirs)
 from configurator import ConfigError, configure
 from model import GPTConfig
 from positional import RoPE, rope_scaling_label, set_rope_scaling
@@ -83,21 +83,6 @@ config_keys = [k for k in globals() if k not in _names_before_config and not k.s
 
 # -----------------------------------------------------------------------------
 # command line
-
-
-def split_argv(argv):
-    """Bare arguments that are a directory or a .pt file are checkpoints; other bare arguments (config
-    files) and --key=value options are for the configurator."""
-    paths, rest = [], []
-    for a in argv:
-        if not a.startswith('-') and (os.path.isdir(a) or a.endswith('.pt')):
-            paths.append(a)
-        elif not a.startswith('-') and not a.endswith('.py'):
-            raise InputError(f"no checkpoint at '{a}' (give an out_dir holding ckpt.pt, a .pt file, or a "
-                            f"config/*.py file)")
-        else:
-            rest.append(a)
-    return paths, rest
 
 
 def parse_ints(text, key):
@@ -932,7 +917,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if '-h' in argv or '--help' in argv:
         print(__doc__.strip() + '\n')  # then the configurator lists the keys and exits
-    paths, rest = split_argv(argv)
+    paths, rest = split_checkpoint_args(argv)
     cfg = configure({k: globals()[k] for k in config_keys}, rest)
     paths += [p for p in cfg['ckpts'].split(',') if p]
     return evaluate(cfg, paths)

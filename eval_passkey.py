@@ -35,7 +35,8 @@ import time
 
 import numpy as np
 
-from common import InputError, autocast, find_checkpoints, load_run, load_val, pick_device, pick_dtype, resolve_data_dir
+from common import (InputError, autocast, find_checkpoints, load_run, load_val, pick_device, pick_dtype,
+                    resolve_data_dir, split_checkpoint_args)
 from configurator import ConfigError, configure
 from passkey import DIGITS, chance_logp_per_digit, passkey_prompts, score_prompts, summarize
 from positional import RoPE, rope_scaling_label, set_rope_scaling
@@ -62,19 +63,6 @@ dtype = 'auto'           # auto: bfloat16 autocast on a GPU that supports it, el
 out_dir = 'results/passkey'
 plot = True
 config_keys = [k for k in globals() if k not in _names_before_config and not k.startswith('_')]
-
-
-def split_argv(argv):
-    """Bare arguments that are a directory or a .pt file are checkpoints; the rest is for the configurator."""
-    paths, rest = [], []
-    for a in argv:
-        if not a.startswith('-') and (os.path.isdir(a) or a.endswith('.pt')):
-            paths.append(a)
-        elif not a.startswith('-') and not a.endswith('.py'):
-            raise InputError(f"no checkpoint at '{a}' (give an out_dir holding ckpt.pt, a .pt file, or a config/*.py file)")
-        else:
-            rest.append(a)
-    return paths, rest
 
 
 def parse_list(text, key, kind):
@@ -346,7 +334,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if '-h' in argv or '--help' in argv:
         print(__doc__.strip() + '\n')  # then the configurator lists the keys and exits
-    paths, rest = split_argv(argv)
+    paths, rest = split_checkpoint_args(argv)
     cfg = configure({k: globals()[k] for k in config_keys}, rest)
     paths += [p for p in cfg['ckpts'].split(',') if p]
     return evaluate(cfg, paths)
