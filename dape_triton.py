@@ -57,7 +57,9 @@ HSP), which makes every tl.dot operand dimension >= 16 (zero-padded weights and 
 padding inert). That is many registers per (query, key) pair, so the blocks are small: BLOCK_M = BLOCK_N =
 16 by default (powers of two >= 16; attention() takes others for tuning), with NUM_WARPS = 8 warps to hold
 them. NUM_STAGES = 1: the key loop is bound by arithmetic, not loads, and software pipelining would keep
-several copies of each of V2's shifted key and bias tiles in shared memory.
+several copies of each of V2's shifted key and bias tiles in shared memory. Holding all heads also bounds
+the shapes on CUDA: H <= 32, H x hs <= 1024 padded (512 in float32), D <= 64 (MAX_* below); unavailable(q)
+names what is too large, and the model falls back to its torch path.
 
 Dtypes. float32 inputs: every tl.dot in IEEE float32 (exact to float32 rounding; no TF32). float16 /
 bfloat16 inputs (autocast): tile operands are rounded to that dtype for tl.dot, with float32
