@@ -105,7 +105,9 @@ def rope_section(results_dir):
     return f"""
 
 **RoPE context extension at evaluation** (`eval_extrapolate.py --rope_scaling=none,pi,ntk,yarn`, s = L / training
-length at each length; the same RoPE checkpoint read four ways), beside Kerple and DAPE-Kerple; perplexity per byte:
+length at each length; the same RoPE checkpoint read four ways, without the fine-tuning at the longer length that PI
+and YaRN are used with in their papers; NTK-aware scaling was proposed for use without it), beside Kerple and
+DAPE-Kerple; perplexity per byte:
 
 {table(results, 'ppl', '{:.3f}')}
 
@@ -123,11 +125,18 @@ def passkey_section(results_dir):
     block = pk["rows"][0]["block_size"]
     lines = []
     for row in pk["rows"]:
-        acc = [row["per_length"][str(L)]["accuracy"] for L in proto["lengths"] if str(L) in row["per_length"]]
         logp = [row["per_length"][str(L)]["logp_mean"] for L in proto["lengths"] if str(L) in row["per_length"]]
         above = sum(v > proto["chance_logp_per_digit"] + 0.05 for v in logp)
-        lines.append(f"{row['label']}: exact match {100 * max(acc):.0f}% at best; log-likelihood per digit above "
-                     f"chance ({proto['chance_logp_per_digit']:.2f}) by more than 0.05 at {above} of {len(logp)} lengths")
+        at_train = row["per_length"].get(str(row["block_size"]), {}).get("accuracy")
+        beyond = [row["per_length"][str(L)]["accuracy"] for L in proto["lengths"]
+                  if L > row["block_size"] and str(L) in row["per_length"]]
+        note = (f"{row['label']}: exact match " + (f"{100 * at_train:.0f}% at the training length, " if at_train is not None else "")
+                + f"{100 * max(beyond, default=0):.0f}% at best beyond it; log-likelihood per digit above chance "
+                f"({proto['chance_logp_per_digit']:.2f}) by more than 0.05 at {above} of {len(logp)} lengths")
+        if at_train is not None and at_train < 0.5:
+            # A model that cannot retrieve at its own length says nothing about extrapolation.
+            note += " (not learned at the training length, so the longer lengths do not test extrapolation)"
+        lines.append(note)
     return f"""
 
 **Passkey retrieval** (`eval_passkey.py`, Mohtashami & Jaggi 2023): "The pass key is NNNNN. Remember it." hidden

@@ -33,11 +33,17 @@ def test_demo_smoke_runs_end_to_end(tmp_path):
     assert results["lengths"] == [16, 32, 64, 128, 256]  # 1x .. 16x the training length
     for run_ in results["runs"]:
         assert all(run_["results"][str(L)]["ppl"] > 1 for L in results["lengths"])
+    scaling = json.loads((res / "rope_scaling" / "results.json").read_text())
+    assert [r["label"] for r in scaling["runs"]][:4] == ["rope", "rope+pi(s=L/16)", "rope+ntk(s=L/16)",
+                                                          "rope+yarn(s=L/16)"]
+    assert (res / "rope_scaling" / "loss_by_position.png").stat().st_size > 0
+    passkey = json.loads((res / "passkey" / "passkey.json").read_text())
+    assert {r["label"] for r in passkey["rows"]} >= {"passkey_kerple", "passkey_dape_kerple", "passkey_rope"}
 
     # a re-run reuses the data and the finished checkpoints
     again = subprocess.run(["bash", "demo.sh", "--smoke"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "already prepared" in again.stdout and again.stdout.count(", resume)") == 5
+    assert "already prepared" in again.stdout and again.stdout.count(", resume)") == 8  # 5 + 3 passkey models
 
     # the README section is rewritten from results.json, and only that section
     readme = tmp_path / "README.md"
@@ -47,3 +53,5 @@ def test_demo_smoke_runs_end_to_end(tmp_path):
     assert after.split("<!-- demo-results:start -->")[0] == before.split("<!-- demo-results:start -->")[0]
     assert "| dape-kerple |" in after and "below kerple at" in after and "docs/demo_ppl_vs_length.png" in after
     assert (tmp_path / "docs" / "demo_ppl_vs_length.png").exists()
+    assert "RoPE context extension at evaluation" in after and "Passkey retrieval" in after
+    assert (tmp_path / "docs" / "demo_loss_by_position.png").exists()
