@@ -331,12 +331,12 @@ def train(config=None, **overrides):
     ptdtype = pick_dtype(cfg.dtype, device)
     dtype = str(ptdtype).removeprefix('torch.')
     ctx = autocast(device, ptdtype)
-    if master:
-        os.makedirs(cfg.out_dir, exist_ok=True)
 
     # -- data ----------------------------------------------------------------------------------------
     data_dir = os.path.join(cfg.data_root, cfg.dataset)
     meta, data_dtype = check_dataset(data_dir, cfg.dataset)
+    if master:  # only now: a run that cannot start leaves no empty out_dir behind
+        os.makedirs(cfg.out_dir, exist_ok=True)
     get_batch = batch_reader(cfg, data_dir, data_dtype, device)
     data_gen = torch.Generator().manual_seed(cfg.seed + rank)  # training batches; its state is checkpointed
     batch_state = [data_gen.get_state()]  # state before the latest training batch was drawn

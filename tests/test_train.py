@@ -157,6 +157,7 @@ def test_data_errors_name_the_prepare_command(tmp_path):
     root = str(tmp_path / 'data')
     with pytest.raises(FileNotFoundError, match=r'python data/nope/prepare\.py'):
         train.train(TINY, dataset='nope', data_root=root, out_dir=str(tmp_path / 'o'))
+    assert not os.path.exists(tmp_path / 'o')  # a run that cannot start leaves no out_dir behind
     d = make_dataset(root, 'bpe', vocab=1000, dtype=np.uint16)
     with open(os.path.join(d, 'val.bin'), 'ab') as f:
         f.write(b'\x00')  # odd number of bytes: not uint16
