@@ -66,8 +66,8 @@ step "evaluating at 1, 2, 4, 8 and 16x the training length"
 BLOCK=$($PY -c "import torch; print(torch.load('$OUT/kerple/ckpt.pt', weights_only=True)['model_args']['block_size'])")
 $PY eval_extrapolate.py $CKPTS --max_length=$((16 * BLOCK)) --out_dir=$RESULTS $EVAL_ARGS
 
-step "RoPE read with PI, NTK-aware and YaRN beside Kerple and DAPE-Kerple, and the loss at every position"
-$PY eval_extrapolate.py $OUT/rope $OUT/kerple $OUT/dape_kerple --rope_scaling=none,pi,ntk,yarn --position_loss=True \
+step "RoPE read with PI, NTK-aware and YaRN beside Kerple, DAPE-Kerple and ALiBi, and the loss at every position"
+$PY eval_extrapolate.py $OUT/rope $OUT/kerple $OUT/dape_kerple $OUT/alibi --rope_scaling=none,pi,ntk,yarn --position_loss=True \
     --max_length=$((16 * BLOCK)) --out_dir=$RESULTS/rope_scaling $EVAL_ARGS
 
 # The passkey prompt takes 81 bytes, more than the models above are trained on: models of their own,

@@ -11,6 +11,7 @@ observations computed from the numbers (not written by hand), and the paper's Ta
 
 import datetime
 import json
+import math
 import os
 import platform
 import shutil
@@ -83,7 +84,7 @@ def md_sections(path, titles):
 
 
 def rope_section(results_dir):
-    """RoPE read with PI, NTK-aware and YaRN beside Kerple and DAPE-Kerple, and the loss by position."""
+    """RoPE read with PI, NTK-aware and YaRN beside Kerple, DAPE-Kerple and ALiBi, and the loss by position."""
     path = os.path.join(results_dir, "rope_scaling", "results.json")
     if not os.path.exists(path):
         return ""
@@ -95,6 +96,17 @@ def rope_section(results_dir):
     notes = [f"{label}: {v[-1]:.3f} at {lengths[-1]} ({v[-1] / v[0]:.2f}x its value at {lengths[0]})"
              for label, v in ppl.items() if v[0] and v[-1]]
     notes.append(f"lowest at {lengths[-1]}: {best}")
+    plain = next((run for run in results["runs"]
+                  if run["model_args"]["pos"] == "rope" and run.get("rope_scaling", "none") == "none"), None)
+    if plain is not None:
+        below = [label for label in ppl
+                 if label.startswith(plain["label"] + "+") and ppl[label][-1] < ppl[plain["label"]][-1]]
+        notes.append(f"below plain RoPE at {lengths[-1]}: {', '.join(below) or 'none of the three readings'}")
+        turns = plain["model_args"]["block_size"] / (2 * math.pi)
+        # YaRN keeps the frequency of dimensions that turn more than beta times over the training length.
+        notes.append(f"RoPE's fastest dimension turns {turns:.1f} times over the training length, fewer than YaRN's "
+                     f"beta = 32 (the default, chosen for LLaMA's 4096 tokens): at this length YaRN interpolates "
+                     f"every dimension at least in part, as PI does")
     figure = ""
     if os.path.exists(os.path.join(results_dir, "rope_scaling", "loss_by_position.png")):
         shutil.copyfile(os.path.join(results_dir, "rope_scaling", "loss_by_position.png"),
@@ -106,8 +118,8 @@ def rope_section(results_dir):
 
 **RoPE context extension at evaluation** (`eval_extrapolate.py --rope_scaling=none,pi,ntk,yarn`, s = L / training
 length at each length; the same RoPE checkpoint read four ways, without the fine-tuning at the longer length that PI
-and YaRN are used with in their papers; NTK-aware scaling was proposed for use without it), beside Kerple and
-DAPE-Kerple; perplexity per byte:
+and YaRN are used with in their papers; NTK-aware scaling was proposed for use without it), beside Kerple,
+DAPE-Kerple and ALiBi; perplexity per byte:
 
 {table(results, 'ppl', '{:.3f}')}
 
@@ -130,8 +142,9 @@ def passkey_section(results_dir):
         at_train = row["per_length"].get(str(row["block_size"]), {}).get("accuracy")
         beyond = [row["per_length"][str(L)]["accuracy"] for L in proto["lengths"]
                   if L > row["block_size"] and str(L) in row["per_length"]]
-        note = (f"{row['label']}: exact match " + (f"{100 * at_train:.0f}% at the training length, " if at_train is not None else "")
-                + f"{100 * max(beyond, default=0):.0f}% at best beyond it; log-likelihood per digit above chance "
+        at_train_text = "" if at_train is None else f"{100 * at_train:.0f}% at the training length, "
+        note = (f"{row['label']}: exact match {at_train_text}"
+                f"{100 * max(beyond, default=0):.0f}% at best beyond it; log-likelihood per digit above chance "
                 f"({proto['chance_logp_per_digit']:.2f}) by more than 0.05 at {above} of {len(logp)} lengths")
         if at_train is not None and at_train < 0.5:
             # A model that cannot retrieve at its own length says nothing about extrapolation.
