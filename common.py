@@ -1,5 +1,6 @@
 """
-What several scripts share: the device and dtype they run in, and reading checkpoints and datasets.
+What several scripts share: the device and dtype they run in, reading checkpoints and datasets, and the
+evaluation scripts' command lines, list options and result files.
 Scripts import this file (and the library files model.py, tokenizer.py, configurator.py), never each
 other.
 
@@ -12,6 +13,7 @@ The one device and dtype rule (train.py, eval_extrapolate.py, sample.py, visuali
   less precise, so 'auto' stays in float32 there; an explicit dtype is honoured on any device.
 """
 
+import math
 import os
 from contextlib import nullcontext
 from dataclasses import fields
@@ -19,7 +21,8 @@ from dataclasses import fields
 import numpy as np
 import torch
 
-from configurator import check_device
+from configurator import check_device, configure
+from positional import RoPE
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
@@ -117,21 +120,6 @@ def load_run(path, device):
     return model, ckpt
 
 
-def split_checkpoint_args(argv):
-    """A command line's bare arguments that are a directory or a .pt file are checkpoints; other bare
-    arguments (config files) and --key=value options are for the configurator. -> (paths, the rest)"""
-    paths, rest = [], []
-    for a in argv:
-        if not a.startswith('-') and (os.path.isdir(a) or a.endswith('.pt')):
-            paths.append(a)
-        elif not a.startswith('-') and not a.endswith('.py'):
-            raise InputError(f"no checkpoint at '{a}' (give an out_dir holding ckpt.pt, a .pt file, or a "
-                             f"config/*.py file)")
-        else:
-            rest.append(a)
-    return paths, rest
-
-
 def find_checkpoints(paths):
     """ckpt.pt files for the given paths: a .pt file, a directory holding ckpt.pt, or a directory whose
     immediate subdirectories hold ckpt.pt (e.g. out/ with out/kerple_s1, out/kerple_s2, ...)."""
@@ -221,3 +209,83 @@ def load_val(path):
     meta = load_meta(path)
     data = np.memmap(os.path.join(path, 'val.bin'), dtype=np.dtype(meta['dtype']), mode='r')
     return data, meta
+
+
+# -----------------------------------------------------------------------------
+# the evaluation scripts' command lines and result files (eval_extrapolate.py, eval_passkey.py)
+
+
+def checkpoints_and_config(argv, defaults, doc):
+    """-> (checkpoint paths, settings). Bare arguments that are a directory or a .pt file are
+    checkpoints, as are those listed in --ckpts; config files and --key=value options set `defaults`
+    (configurator.py). --help prints `doc`, then the configurator lists the keys and exits."""
+    if '-h' in argv or '--help' in argv:
+        print(doc.strip() + '\n')
+    paths, rest = [], []
+    for a in argv:
+        if not a.startswith('-') and (os.path.isdir(a) or a.endswith('.pt')):
+            paths.append(a)
+        elif not a.startswith('-') and not a.endswith('.py'):
+            raise InputError(f"no checkpoint at '{a}' (give an out_dir holding ckpt.pt, a .pt file, or a "
+                             f"config/*.py file)")
+        else:
+            rest.append(a)
+    cfg = configure(defaults, rest)
+    return paths + [p for p in cfg['ckpts'].split(',') if p], cfg
+
+
+def parse_list(text, key, kind=str):
+    """A comma-separated option (--lengths=64,128) as a non-empty list of `kind`."""
+    what = {int: 'integers', float: 'numbers'}.get(kind, 'names')
+    try:
+        values = [kind(v) for v in str(text).replace(' ', '').split(',') if v]
+    except ValueError:
+        raise InputError(f"--{key} takes comma-separated {what}, got {text!r}") from None
+    if not values:
+        raise InputError(f"--{key} is empty")
+    return values
+
+
+def rope_scaling_options(cfg):
+    """The RoPE context extensions asked for (--rope_scaling=none,pi,ntk,yarn, --rope_scale,
+    --yarn_alpha, --yarn_beta; positional.RoPE.set_scaling), checked before any checkpoint is read:
+    -> the list of methods."""
+    kinds = parse_list(cfg['rope_scaling'], 'rope_scaling')
+    unknown = [k for k in kinds if k not in RoPE.SCALINGS]
+    if unknown:
+        raise InputError(f"--rope_scaling: unknown {unknown}; choose from {', '.join(RoPE.SCALINGS)}")
+    if cfg['rope_scale'] and not cfg['rope_scale'] >= 1:
+        raise InputError(f"--rope_scale must be >= 1 (the context extension factor s), or 0 for L / training "
+                         f"length; got {cfg['rope_scale']}")
+    if cfg['rope_scale'] and kinds == ['none']:
+        raise InputError("--rope_scale has no effect without --rope_scaling=pi, ntk or yarn")
+    if not 0 <= cfg['yarn_alpha'] < cfg['yarn_beta']:
+        raise InputError(f"--yarn_alpha and --yarn_beta need 0 <= alpha < beta, got {cfg['yarn_alpha']}, "
+                         f"{cfg['yarn_beta']}")
+    return kinds
+
+
+def format_table(header, rows, markdown=False):
+    """Rows of strings under a header: aligned columns for the console, or a Markdown table."""
+    if markdown:
+        lines = ['| ' + ' | '.join(header) + ' |', '| ' + ' | '.join('---' for _ in header) + ' |']
+        return '\n'.join(lines + ['| ' + ' | '.join(r) + ' |' for r in rows])
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    fmt = lambda r: '  '.join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+    return '\n'.join([fmt(header), '  '.join('-' * w for w in widths)] + [fmt(r) for r in rows])
+
+
+def jsonable(obj):
+    """For json.dump: length keys as strings, numpy scalars as Python numbers, and no NaN anywhere."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating, float)):
+        v = float(obj)
+        if not math.isfinite(v):
+            raise ValueError(f"non-finite value {v} in the results")
+        return v
+    return obj

@@ -45,11 +45,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common import (InputError, autocast, find_checkpoints, find_data_dir, load_run, load_val, pick_device,
-                    pick_dtype, resolve_data_dir, split_checkpoint_args, training_data_dirs)
-from configurator import ConfigError, configure
+from common import (InputError, autocast, checkpoints_and_config, find_checkpoints, find_data_dir, format_table,
+                    jsonable, load_run, load_val, parse_list, pick_device, pick_dtype, resolve_data_dir,
+                    rope_scaling_options, training_data_dirs)
+from configurator import ConfigError
 from model import GPTConfig
-from positional import RoPE, rope_scaling_label, set_rope_scaling
+from positional import rope_scaling_label, set_rope_scaling
 from tokenizer import GPT2_VOCAB_SIZE, load_meta, tokenizer_of_vocab
 
 # -----------------------------------------------------------------------------
@@ -86,10 +87,7 @@ config_keys = [k for k in globals() if k not in _names_before_config and not k.s
 
 
 def parse_ints(text, key):
-    try:
-        values = [int(v) for v in str(text).replace(' ', '').split(',') if v]
-    except ValueError:
-        raise InputError(f"--{key} takes comma-separated integers, got {text!r}") from None
+    values = parse_list(text, key, int)
     if any(v < 1 for v in values):
         raise InputError(f"--{key} values must be positive, got {text!r}")
     return values
@@ -520,15 +518,6 @@ def compare(dape_group, base_group, eval_lengths):
 # tables, files, plot
 
 
-def format_table(header, rows, markdown=False):
-    if markdown:
-        lines = ['| ' + ' | '.join(header) + ' |', '| ' + ' | '.join('---' for _ in header) + ' |']
-        return '\n'.join(lines + ['| ' + ' | '.join(r) + ' |' for r in rows])
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    fmt = lambda r: '  '.join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-    return '\n'.join([fmt(header), '  '.join('-' * w for w in widths)] + [fmt(r) for r in rows])
-
-
 def fmt_value(v, digits):
     if v >= 1e5:
         return f"{v:.3g}"
@@ -578,22 +567,6 @@ def protocol_text(protocol):
             f"the model), {protocol['num_windows']} windows per length at the same seeded end positions "
             f"(seed {protocol['seed']}) for every length and checkpoint. Mean ± sample std over seeds where "
             f"several runs share a setting.")
-
-
-def jsonable(obj):
-    """Length keys as strings, numpy scalars as Python numbers, and no NaN anywhere."""
-    if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, (np.integer,)):
-        return int(obj)
-    if isinstance(obj, (np.floating, float)):
-        v = float(obj)
-        if not math.isfinite(v):
-            raise ValueError(f"non-finite value {v} in the results")
-        return v
-    return obj
 
 
 def write_outputs(out, protocol, runs, groups, comparisons, eval_lengths, make_plot=True, notes=()):
@@ -787,16 +760,9 @@ def training_notes(runs):
 # -----------------------------------------------------------------------------
 
 
-def with_rope_scalings(runs, cfg):
-    """Each RoPE run once per --rope_scaling method, labelled rope+pi(s=...), rope+yarn(...); the
-    others once as they are. A method asked for with no RoPE model to apply it to is an error."""
-    kinds = [k for k in cfg['rope_scaling'].replace(' ', '').split(',') if k]
-    unknown = [k for k in kinds if k not in RoPE.SCALINGS]
-    if unknown or not kinds:
-        raise InputError(f"--rope_scaling: unknown {unknown or kinds}; choose from {', '.join(RoPE.SCALINGS)}")
-    if cfg['rope_scale'] and not cfg['rope_scale'] >= 1:
-        raise InputError(f"--rope_scale must be >= 1 (the context extension factor s), or 0 for L / training "
-                         f"length; got {cfg['rope_scale']}")
+def with_rope_scalings(runs, kinds, cfg):
+    """Each RoPE run once per context extension in `kinds`, labelled rope+pi(s=...), rope+yarn(...);
+    the others once as they are. A method asked for with no RoPE model to apply it to is an error."""
     if kinds != ['none'] and not any(r['model_args']['pos'] == 'rope' for r in runs):
         raise InputError(f"--rope_scaling={cfg['rope_scaling']} applies to RoPE models only; these have "
                          f"pos={sorted({r['model_args']['pos'] for r in runs})}")
@@ -815,6 +781,7 @@ def evaluate(cfg, ckpt_paths):
     K = cfg['eval_tokens']
     if K < 1 or cfg['num_windows'] < 1:
         raise InputError("--eval_tokens and --num_windows must be positive")
+    rope_kinds = rope_scaling_options(cfg)
     files = find_checkpoints(ckpt_paths)
     if not files:
         raise InputError("no checkpoints given: python eval_extrapolate.py out/run1 out/run2 ... (or --ckpts=)")
@@ -843,7 +810,7 @@ def evaluate(cfg, ckpt_paths):
         del model
     for r, lab in zip(runs, user_labels or auto_labels(runs)):
         r['label'] = lab
-    runs = with_rope_scalings(runs, cfg)
+    runs = with_rope_scalings(runs, rope_kinds, cfg)
     pairs = parse_pairs(cfg['pairs'], [r['label'] for r in runs])
     notes = training_notes(runs)
     for note in notes:
@@ -914,12 +881,8 @@ def evaluate(cfg, ckpt_paths):
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if '-h' in argv or '--help' in argv:
-        print(__doc__.strip() + '\n')  # then the configurator lists the keys and exits
-    paths, rest = split_checkpoint_args(argv)
-    cfg = configure({k: globals()[k] for k in config_keys}, rest)
-    paths += [p for p in cfg['ckpts'].split(',') if p]
+    paths, cfg = checkpoints_and_config(sys.argv[1:] if argv is None else list(argv),
+                                        {k: globals()[k] for k in config_keys}, __doc__)
     return evaluate(cfg, paths)
 
 

@@ -35,11 +35,11 @@ import time
 
 import numpy as np
 
-from common import (InputError, autocast, find_checkpoints, load_run, load_val, pick_device, pick_dtype,
-                    resolve_data_dir, split_checkpoint_args)
-from configurator import ConfigError, configure
+from common import (InputError, autocast, checkpoints_and_config, find_checkpoints, format_table, jsonable, load_run,
+                    load_val, parse_list, pick_device, pick_dtype, resolve_data_dir, rope_scaling_options)
+from configurator import ConfigError
 from passkey import DIGITS, chance_logp_per_digit, passkey_prompts, score_prompts, summarize
-from positional import RoPE, rope_scaling_label, set_rope_scaling
+from positional import rope_scaling_label, set_rope_scaling
 from tokenizer import get_tokenizer, load_meta, tokenizer_of_vocab
 
 # -----------------------------------------------------------------------------
@@ -65,16 +65,6 @@ plot = True
 config_keys = [k for k in globals() if k not in _names_before_config and not k.startswith('_')]
 
 
-def parse_list(text, key, kind):
-    try:
-        values = [kind(v) for v in str(text).replace(' ', '').split(',') if v]
-    except ValueError:
-        raise InputError(f"--{key} takes comma-separated {kind.__name__}s, got {text!r}") from None
-    if not values:
-        raise InputError(f"--{key} is empty")
-    return values
-
-
 def check_options(cfg):
     """Options that would fail late or be misread fail here, before any checkpoint is read:
     -> (lengths or None, depths, scalings)."""
@@ -85,17 +75,7 @@ def check_options(cfg):
     bad = [d for d in deps if not 0.0 <= d <= 1.0]
     if bad:
         raise InputError(f"--depths must be in [0, 1] (0: the key first, 1: just before the question), got {bad}")
-    scalings = parse_list(cfg['rope_scaling'], 'rope_scaling', str)
-    unknown = [s for s in scalings if s not in RoPE.SCALINGS]
-    if unknown:
-        raise InputError(f"--rope_scaling: unknown {unknown}; choose from {', '.join(RoPE.SCALINGS)}")
-    if cfg['rope_scale'] and not cfg['rope_scale'] >= 1:
-        raise InputError(f"--rope_scale must be >= 1 (the context extension factor s), or 0 for L / training "
-                         f"length; got {cfg['rope_scale']}")
-    if cfg['rope_scale'] and scalings == ['none']:
-        raise InputError("--rope_scale has no effect without --rope_scaling=pi, ntk or yarn")
-    if not 0 <= cfg['yarn_alpha'] < cfg['yarn_beta']:
-        raise InputError(f"--yarn_alpha and --yarn_beta need 0 <= alpha < beta, got {cfg['yarn_alpha']}, {cfg['yarn_beta']}")
+    scalings = rope_scaling_options(cfg)
     if cfg['trials'] < 1 or cfg['digits'] < 1 or cfg['batch_tokens'] < 1:
         raise InputError("--trials, --digits and --batch_tokens must be positive")
     if cfg['filler'] not in ('val', 'sentence'):
@@ -129,15 +109,6 @@ def tokenizer_and_filler(ckpt, model, cfg):
 # tables and plots
 
 
-def table(header, rows, markdown=False):
-    if markdown:
-        lines = ['| ' + ' | '.join(header) + ' |', '| ' + ' | '.join('---' for _ in header) + ' |']
-        return '\n'.join(lines + ['| ' + ' | '.join(r) + ' |' for r in rows])
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    fmt = lambda r: '  '.join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-    return '\n'.join([fmt(header), '  '.join('-' * w for w in widths)] + [fmt(r) for r in rows])
-
-
 def model_table(row, lens, markdown=False):
     """One model: a row per depth, a column per length; 'accuracy% (log-likelihood per token)'."""
     header = ['depth'] + [str(L) for L in lens]
@@ -148,7 +119,7 @@ def model_table(row, lens, markdown=False):
             c = row['cells'][L]
             cells.append(c if isinstance(c, str) else f"{100 * c[d]['accuracy']:.0f}% ({c[d]['logp_mean']:.2f})")
         out.append([f"{d:g}"] + cells)
-    return table(header, out, markdown)
+    return format_table(header, out, markdown)
 
 
 def summary_table(rows, lens, metric, markdown=False):
@@ -162,7 +133,7 @@ def summary_table(rows, lens, metric, markdown=False):
             cells.append(c if isinstance(c, str) else
                          f"{100 * c['accuracy']:.0f}%" if metric == 'accuracy' else f"{c['logp_mean']:.3f}")
         out.append([r['label']] + cells)
-    return table(header, out, markdown)
+    return format_table(header, out, markdown)
 
 
 def plot_heatmap(row, lens, path):
@@ -318,8 +289,6 @@ def write_outputs(cfg, protocol, rows, lens):
         md += [f"## {r['label']}: exact match (log-likelihood per token) per depth", '', model_table(r, lens, True), '']
     with open(os.path.join(out, 'passkey.md'), 'w') as f:
         f.write('\n'.join(md))
-    jsonable = lambda o: ({str(k): jsonable(v) for k, v in o.items()} if isinstance(o, dict) else
-                          [jsonable(v) for v in o] if isinstance(o, (list, tuple)) else o)
     with open(os.path.join(out, 'passkey.json'), 'w') as f:
         json.dump(jsonable({'protocol': protocol, 'rows': rows}), f, indent=1, allow_nan=False)
     written = ['passkey.json', 'passkey.md']
@@ -331,12 +300,8 @@ def write_outputs(cfg, protocol, rows, lens):
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if '-h' in argv or '--help' in argv:
-        print(__doc__.strip() + '\n')  # then the configurator lists the keys and exits
-    paths, rest = split_checkpoint_args(argv)
-    cfg = configure({k: globals()[k] for k in config_keys}, rest)
-    paths += [p for p in cfg['ckpts'].split(',') if p]
+    paths, cfg = checkpoints_and_config(sys.argv[1:] if argv is None else list(argv),
+                                        {k: globals()[k] for k in config_keys}, __doc__)
     return evaluate(cfg, paths)
 
 
