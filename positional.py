@@ -161,7 +161,7 @@ class RoPE(PositionalEncoding):
         self.original_length = config.block_size  # L of the scalings: the training length
         self.set_scaling('none')
 
-    def set_scaling(self, kind='none', s=1.0, alpha=1.0, beta=32.0, original_length=None):
+    def set_scaling(self, kind='none', s=1.0, alpha=1.0, beta=32.0):
         """Read the model at s times its training length with `kind` (see the class docstring)."""
         if kind not in self.SCALINGS:
             raise ValueError(f"unknown RoPE scaling {kind!r}; choose one of {', '.join(self.SCALINGS)}")
@@ -172,7 +172,6 @@ class RoPE(PositionalEncoding):
         if kind == 'ntk' and self.head_size < 4:
             raise ValueError(f"NTK-aware scaling needs a head size >= 4 (base^(d/(d-2))), got {self.head_size}")
         self.scaling, self.scale, self.alpha, self.beta = kind, float(s), float(alpha), float(beta)
-        self.original_length = original_length or self.original_length
 
     def frequencies(self, device=None):
         """theta_i [d/2] float32, scaled as set_scaling says."""
@@ -220,7 +219,7 @@ def set_rope_scaling(model, kind, s=0.0, length=None, alpha=1.0, beta=32.0):
             raise ValueError("rope_scale=0 derives s from the evaluation length, which was not given")
         s = max(1.0, length / block)
     for pe in ropes:
-        pe.set_scaling(kind, s, alpha, beta, block)
+        pe.set_scaling(kind, s, alpha, beta)
     return s
 
 
