@@ -22,6 +22,7 @@ which scores ln(1/10) per digit; a uniform one ln(1/V) per token.
 """
 
 import math
+from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -110,7 +111,6 @@ def score_prompts(model, prompts, device='cpu', ctx=None, batch=1):
     arg max: greedy decoding reproduces the key), logp (sum of the answer tokens' log-probabilities,
     nats), logp_mean (per token), said (the arg max tokens). Prompts of one length go in batches;
     `model` is anything called as model(idx, last=k) -> (logits [B, k, V], _), like model.GPT."""
-    from contextlib import nullcontext
     ctx = ctx if ctx is not None else nullcontext()
     by_length = {}
     for p in prompts:

@@ -33,6 +33,8 @@ import torch
 from common import autocast, check_dataset, pick_dtype, read_checkpoint_file
 from configurator import ConfigError, check_device, config_defaults, configure, update_config
 from model import GPT, GPTConfig
+import passkey
+from tokenizer import get_tokenizer, load_meta
 
 # -----------------------------------------------------------------------------
 # default config values: the paper's 125M model (Appendix B, Table 3) on the embedded byte-level
@@ -245,11 +247,7 @@ def batch_reader(cfg, data_dir, data_dtype, device):
     """get_batch(split, generator, block) -> (x, y) [batch_size, block] on device: random windows of the
     split, drawn with the given generator (so that a checkpoint can record where the stream is).
     With passkey_frac > 0, that fraction of the training rows are passkey samples (passkey.py)."""
-    tok = None
-    if cfg.passkey_frac > 0:
-        import passkey
-        from tokenizer import get_tokenizer, load_meta
-        tok = get_tokenizer(load_meta(data_dir))
+    tok = get_tokenizer(load_meta(data_dir)) if cfg.passkey_frac > 0 else None
 
     def get_batch(split, gen, block):
         # a new memmap every batch avoids a memory leak (https://stackoverflow.com/q/45132940)
