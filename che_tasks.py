@@ -65,8 +65,6 @@ def encoding_label(pos, dape):
     return name if dape == 'none' else f"{'DAPE' if dape == 'v1' else 'DAPEv2'}-{name}"
 
 
-
-
 # -----------------------------------------------------------------------------
 # runner: model, training, evaluation
 

@@ -52,10 +52,15 @@ def table(results, key, fmt):
     return "\n".join(rows)
 
 
+def ppl_by_label(results):
+    """{label: [perplexity or None at each evaluation length]} of an eval_extrapolate results.json."""
+    return {run["label"]: [run["results"][str(L)].get("ppl") for L in results["lengths"]] for run in results["runs"]}
+
+
 def observations(results):
     """Sentences stating what the numbers show, for the paper's qualitative claims."""
     lengths = results["lengths"]
-    ppl = {run["label"]: [run["results"][str(L)].get("ppl") for L in lengths] for run in results["runs"]}
+    ppl = ppl_by_label(results)
     first, last = lengths[0], lengths[-1]
     notes = []
     for label, values in ppl.items():
@@ -91,7 +96,7 @@ def rope_section(results_dir):
     with open(path) as f:
         results = json.load(f)
     lengths = results["lengths"]
-    ppl = {run["label"]: [run["results"][str(L)].get("ppl") for L in lengths] for run in results["runs"]}
+    ppl = ppl_by_label(results)
     best = min(ppl, key=lambda k: ppl[k][-1] or float("inf"))
     notes = [f"{label}: {v[-1]:.3f} at {lengths[-1]} ({v[-1] / v[0]:.2f}x its value at {lengths[0]})"
              for label, v in ppl.items() if v[0] and v[-1]]
