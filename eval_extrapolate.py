@@ -853,6 +853,8 @@ def evaluate(cfg, ckpt_paths):
                                     r['rope_scaling'])
         ok = [L for L in eval_lengths if r['results'][L]['status'] == 'ok']
         if cfg['position_loss'] and ok:
+            # a pass of its own over the longest windows, every position scored: the protocol's figures
+            # above then do not depend on whether this diagnostic is asked for
             batch = cfg['batch_size'] or max(1, cfg['batch_tokens'] // max(ok))
             set_rope_scaling(model, r['rope_scaling'], cfg['rope_scale'], max(ok), cfg['yarn_alpha'], cfg['yarn_beta'])
             r['position_loss'] = loss_by_position(model, data, ends, max(ok), batch, dev, ctx)
