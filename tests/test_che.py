@@ -378,6 +378,34 @@ class _Oracle(torch.nn.Module):
         return torch.nn.functional.one_hot(t, self.V).float() * 10, None
 
 
+class _LearnsAt(torch.nn.Module):
+    """Wrong on every output token for its first `wrong_steps` forwards, right after: a training curve
+    whose start and end are told apart. A parameter of its own gives the optimizer something to step."""
+
+    def __init__(self, V, wrong_steps):
+        super().__init__()
+        self.V, self.wrong_steps, self.calls = V, wrong_steps, 0
+        self.w = torch.nn.Parameter(torch.zeros(()))
+
+    def forward(self, idx, targets):
+        self.calls += 1
+        t = targets.clamp(min=0)
+        if self.calls <= self.wrong_steps:
+            t = 1 - t
+        return torch.nn.functional.one_hot(t, self.V).float() * 10 + self.w, None
+
+
+def test_final_train_stats_are_the_last_logged_steps():
+    """final_train_acc and final_loss report the end of training (the last log_interval steps), not
+    its start: a model wrong for 4 steps and right for the last 2 ends at 100%."""
+    import contextlib
+    task = C.TASKS['even_pairs']  # output classes 0 and 1: logit 10 on one, 0 on the other
+    cfg = _cfg(max_iters=6, log_interval=2, batch_size=4)
+    res = C.train(_LearnsAt(3, wrong_steps=4), task, cfg, 'cpu', contextlib.nullcontext(), log=lambda *a: None)
+    assert res['steps'] == 6 and res['final_train_acc'] == 1.0
+    assert res['final_loss'] == pytest.approx(math.log1p(math.exp(-10)), rel=1e-3)
+
+
 def test_accuracy_is_token_weighted_and_masked():
     import contextlib
     task = C.TASKS['binary_addition']

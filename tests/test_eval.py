@@ -190,6 +190,37 @@ def test_loss_by_position(tmp_path):
     assert open(tmp_path / 'r' / 'loss_by_position.png', 'rb').read(4) == b'\x89PNG'
 
 
+@pytest.mark.parametrize('kind', ['pi', 'yarn'])
+def test_loss_by_position_of_a_scaled_rope_uses_the_longest_lengths_scale(tmp_path, kind):
+    """With s derived from the length, the loss by position over the longest windows (64 tokens, twice
+    the training length) is read with that length's s = 2, as its own row's figures are: not with the
+    s of another length. Checked against the model scaled here by hand and scored position by position."""
+    root = str(tmp_path)
+    make_data(root)
+    ck = make_ckpt(root, 'rope', pos='rope')
+    saved = torch.load(os.path.join(ck, 'ckpt.pt'))
+    sd = saved['model']  # sharper attention and logits: a random tiny model barely depends on positions
+    for k in [k for k in sd if 'c_attn' in k]:
+        sd[k] = sd[k] * 20
+    sd['transformer.wte.weight'] = sd['lm_head.weight'] = sd['transformer.wte.weight'] * 25  # tied
+    torch.save(saved, os.path.join(ck, 'ckpt.pt'))
+    res = E.evaluate(cfg(lengths='16,32,64', rope_scaling=kind, position_loss=True, out_dir=str(tmp_path / 'r')), [ck])
+    run = res['runs'][0]
+    assert run['results'][64]['rope_scale'] == 2.0 and run['position_loss']['length'] == 64
+    model = GPT(GPTConfig(**TINY, pos='rope'))
+    model.load_state_dict(sd)
+    for pe in model.pe:
+        pe.set_scaling(kind, 2.0)
+    data = np.memmap(os.path.join(root, 'data', 'tiny', 'val.bin'), dtype=np.uint8, mode='r')
+    x, y = E.windows(data, np.array(res['protocol']['data'][run['data_dir']]['window_ends']), 64)
+    with torch.no_grad():
+        logits, _ = model.eval()(x, y)
+    ce = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), reduction='none').view(x.shape)
+    per_position = ce.double().mean(dim=0)
+    for a, b, v in run['position_loss']['buckets']:
+        assert v == pytest.approx(float(per_position[a:b].mean()), abs=1e-4), (a, b)
+
+
 def test_rope_context_extension_rows(tmp_path):
     """--rope_scaling evaluates each RoPE checkpoint once per method, labelled; at the training length
     s = 1 and the rows equal the trained RoPE's exactly; past it they differ. Other models are read

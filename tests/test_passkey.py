@@ -95,6 +95,22 @@ def test_prompts_are_seeded_and_shared(tok):
     assert 'The grass is green. The sky is blue.' in tok.decode(s[0]['ids'])
 
 
+def test_each_depth_reads_its_own_filler(tok):
+    """The filler is drawn per (trial, length, depth): were it the same stretch at every depth, the
+    cells of one length would share their text and the depths would not be independent samples."""
+    data = np.random.default_rng(0).integers(0, 200, size=5000).astype(np.int64)  # no stretch repeats
+    L, depths = 150, [0.25, 0.5, 1.0]  # depth > 0: the prompt starts with its filler
+    prompts = P.passkey_prompts(tok, [L], depths, 2, seed=3, data=data)
+    starts = {}
+    for p in prompts:
+        head = list(p['ids'][:8])
+        at = [i for i in range(len(data) - 8) if list(data[i:i + 8]) == head]
+        assert len(at) == 1  # a stretch of the data
+        starts[(p['trial'], p['depth'])] = at[0]
+    for t in range(2):
+        assert len({starts[(t, d)] for d in depths}) == len(depths), starts
+
+
 # -----------------------------------------------------------------------------
 # the scorer
 
@@ -143,6 +159,78 @@ def test_oracle_scores_100_and_uniform_scores_chance(tok):
     for p in uniform:
         n = p['answer'].stop - p['answer'].start
         assert p['logp_mean'] == pytest.approx(-math.log(V)) and p['logp'] == pytest.approx(-n * math.log(V))
+
+
+class Scripted(torch.nn.Module):
+    """Knows each prompt's answer (looked up by its input) and gives answer token j the probability
+    probs[j], the rest of the mass spread evenly; at the answer tokens listed in `miss` (negative: from
+    the end) a wrong token takes 0.9 and the right one 0.05, so the arg max is wrong there."""
+
+    def __init__(self, prompts, vocab, probs, miss=()):
+        super().__init__()
+        self.vocab, self.probs, self.miss = vocab, probs, set(miss)
+        self.answers = {tuple(p['ids'][:p['length']].tolist()): p['ids'][p['answer']].tolist() for p in prompts}
+
+    def forward(self, idx, last):
+        B, T = idx.shape
+        logits = torch.zeros(B, last, self.vocab, dtype=torch.float64)
+        for b in range(B):
+            target = self.answers[tuple(idx[b].tolist())]
+            n = len(target)
+            for j, t in enumerate(target):  # position T - n + j predicts answer token j
+                wrong = j in self.miss or j - n in self.miss
+                q = 0.05 if wrong else self.probs[j]
+                dist = torch.zeros(self.vocab, dtype=torch.float64)
+                dist[t] = q
+                if wrong:
+                    dist[(t + 1) % self.vocab] = 0.9
+                dist[dist == 0] = (1.0 - dist.sum()) / (self.vocab - 1 - wrong)
+                logits[b, last - n + j] = dist.log()
+        return logits, None
+
+
+def scored_by(tok, miss=(), probs=(0.5, 0.25, 0.125, 0.0625, 0.03125)):
+    V = 256 if tok.name == 'byte' else 50304
+    prompts = P.passkey_prompts(tok, [150], [0.0, 1.0], 2, seed=4, data=text_tokens(tok, 3000))
+    return P.score_prompts(Scripted(prompts, V, probs, miss), [dict(p) for p in prompts], batch=3)
+
+
+def test_exact_match_needs_every_answer_token(tok):
+    """Exact match is greedy decoding reproducing the whole key: one wrong token, first or last, is a
+    miss (a check that skipped a digit would count near misses as retrievals)."""
+    for miss, exact in [((), True), ((-1,), False), ((0,), False)]:
+        for p in scored_by(tok, miss):
+            target = list(p['ids'][p['answer']])
+            assert p['exact'] is exact, (miss, p['said'], target)
+            assert [s == t for s, t in zip(p['said'], target)] == \
+                [not (j in miss or j - len(target) in miss) for j in range(len(target))]
+
+
+def test_log_likelihood_counts_every_answer_token(tok):
+    """logp and logp_mean are the sum and the mean of ln p over all the answer tokens, the first one
+    included, checked against probabilities set by hand."""
+    probs = (0.5, 0.25, 0.125, 0.0625, 0.03125)
+    for p in scored_by(tok, probs=probs):
+        n = p['answer'].stop - p['answer'].start
+        want = sum(math.log(q) for q in probs[:n])
+        assert p['exact'] and p['logp'] == pytest.approx(want, abs=1e-4)  # float32 log_softmax
+        assert p['logp_mean'] == pytest.approx(want / n, abs=1e-4)
+
+
+def test_summary_of_scored_prompts_by_hand():
+    """A cell's accuracy, logp_mean (per answer token) and logp (whole answer) are means over its
+    trials, each of its own score: none taken for another."""
+    ps = [dict(length=100, depth=0.5, exact=True, logp=-1.0, logp_mean=-0.5),  # 2-token answers
+          dict(length=100, depth=0.5, exact=False, logp=-6.0, logp_mean=-3.0),
+          dict(length=100, depth=0.5, exact=False, logp=-2.0, logp_mean=-1.0),
+          dict(length=100, depth=0.0, exact=True, logp=-0.2, logp_mean=-0.1),
+          dict(length=300, depth=0.5, exact=False, logp=-8.0, logp_mean=-4.0)]
+    s = P.summarize(ps)
+    assert list(s) == [100, 300] and list(s[100]) == [0.0, 0.5]
+    assert s[100][0.5] == {'accuracy': pytest.approx(1 / 3), 'logp_mean': pytest.approx(-1.5),
+                           'logp': pytest.approx(-3.0), 'n': 3}
+    assert s[100][0.0] == {'accuracy': 1.0, 'logp_mean': pytest.approx(-0.1), 'logp': pytest.approx(-0.2), 'n': 1}
+    assert s[300][0.5] == {'accuracy': 0.0, 'logp_mean': pytest.approx(-4.0), 'logp': pytest.approx(-8.0), 'n': 1}
 
 
 def test_scores_are_the_models_own_and_batching_changes_nothing():
@@ -209,6 +297,24 @@ def test_mix_into_batch():
     x2, y2 = x0.clone(), y0.clone()
     P.mix_into_batch(x2, y2, data, tok, 0.5, torch.Generator().manual_seed(0))
     assert torch.equal(x2, x) and torch.equal(y2, y)
+
+
+def test_mix_into_batch_masks_exactly_the_needle_digits():
+    """The targets left out are those whose token is one of the needle's digits (target i is token
+    i + 1): off by one, the model would learn to predict a random digit and not the '.' after it."""
+    tok = get_tokenizer('byte')
+    data = np.resize(np.frombuffer(TEXT.encode(), dtype=np.uint8), 3000)
+    T, B = 96, 16
+    x, y = torch.zeros(B, T, dtype=torch.int64), torch.zeros(B, T, dtype=torch.int64)
+    P.mix_into_batch(x, y, data, tok, 0.99, torch.Generator().manual_seed(1))
+    mixed = [r for r in range(B) if 'What is the pass key?' in tok.decode(x[r].tolist())]
+    assert len(mixed) > B // 2
+    for r in mixed:
+        text = tok.decode(x[r].tolist())  # bytes: character i is token i
+        key = tok.decode(y[r, -5:].tolist())
+        j = text.index(f"The pass key is {key}. Remember it.") + len("The pass key is ")
+        assert [chr(c) for c in x[r, j:j + 5].tolist()] == list(key)  # the needle's digits: tokens j .. j + 4
+        assert (y[r] == -1).nonzero()[:, 0].tolist() == list(range(j - 1, j + 4))
 
 
 def test_train_with_passkey_frac(tmp_path):
@@ -282,6 +388,29 @@ def test_eval_passkey_end_to_end(tmp_path):
     res = EP.evaluate(ep_cfg(out_dir=out, lengths='', depths='0.5', trials=1, filler='sentence', plot=False),
                       ckpts[:1])
     assert res['protocol']['lengths'] == [48 * m for m in (2, 4, 8, 16)]  # 48 bytes cannot hold the prompt
+
+
+def test_eval_passkey_per_length_is_the_mean_over_depths(tmp_path, monkeypatch):
+    """The per-length figures (the summary tables) average every depth's cell, not one depth's: scores
+    made up per depth (a monkeypatched scorer) give means worked out by hand."""
+    root = str(tmp_path)
+    make_text_data(os.path.join(root, 'data'))
+    ckpt = make_ckpt(root, 'kerple', pos='kerple')
+
+    def fake_score(model, ps, device='cpu', ctx=None, batch=1):
+        for p in ps:  # right from depth 0.5 on; log-likelihood -(1 + depth) per token, doubled at 192
+            n = p['answer'].stop - p['answer'].start
+            lp = -(1 + p['depth']) * p['length'] / 96
+            p.update(exact=p['depth'] >= 0.5, logp_mean=lp, logp=n * lp, said=p['ids'][p['answer']].tolist())
+        return ps
+
+    monkeypatch.setattr(EP, 'score_prompts', fake_score)
+    res = EP.evaluate(ep_cfg(out_dir=os.path.join(root, 'res'), plot=False), [ckpt])
+    pl = res['rows'][0]['per_length']
+    assert pl[96] == {'accuracy': pytest.approx(2 / 3), 'logp_mean': pytest.approx(-1.5), 'logp': pytest.approx(-7.5)}
+    assert pl[192] == {'accuracy': pytest.approx(2 / 3), 'logp_mean': pytest.approx(-3.0), 'logp': pytest.approx(-15.0)}
+    md = open(os.path.join(root, 'res', 'passkey.md')).read()
+    assert '| kerple | 67% | 67% |' in md and '| kerple | -1.500 | -3.000 |' in md
 
 
 def test_eval_passkey_errors_are_one_line(tmp_path):

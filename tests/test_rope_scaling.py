@@ -149,6 +149,25 @@ def test_errors():
     assert rope_scaling_label('none', 1.0) == ''
 
 
+@pytest.mark.parametrize('alpha, beta', [(4.0, 4.0), (8.0, 2.0), (-1.0, 32.0)])
+def test_yarn_ramp_checked_on_the_command_line(tmp_path, alpha, beta):
+    """The evaluation scripts refuse a YaRN ramp without 0 <= alpha < beta (alpha == beta divides by
+    zero) as a one-line input error, before any checkpoint is read; a valid ramp passes."""
+    import eval_extrapolate
+    import eval_passkey
+    from common import rope_scaling_options
+    base = dict(rope_scaling='none,yarn', rope_scale=0.0)
+    assert rope_scaling_options(dict(base, yarn_alpha=0.0, yarn_beta=1e-9)) == ['none', 'yarn']
+    with pytest.raises(InputError, match='0 <= alpha < beta'):
+        rope_scaling_options(dict(base, yarn_alpha=alpha, yarn_beta=beta))
+    empty = str(tmp_path)  # no checkpoint here: the ramp must be refused first
+    for script in (eval_passkey, eval_extrapolate):
+        with pytest.raises(InputError, match='0 <= alpha < beta') as e:
+            script.main([empty, '--rope_scaling=yarn', f'--yarn_alpha={alpha}', f'--yarn_beta={beta}',
+                         '--device=cpu', f'--out_dir={tmp_path}/out'])
+        assert '\n' not in str(e.value)
+
+
 # -----------------------------------------------------------------------------
 # sample.py
 
