@@ -35,6 +35,12 @@ Sections
           the encoding without DAPE, peak memory; then the evaluation forward at --gpu_eval_length.
           Without CUDA it runs its CPU fallback (tiny model, PyTorch path, compile off unless
           --gpu_compile_on_cpu) so that the code path is exercised.
+- fit     the fused kernels of dape_triton.py compiled, on any machine (Triton's compiler and ptxas), for
+          each architecture of --fit_archs, dtype, V1 / V2 (k = 3), with a bias and without, causal and
+          bidirectional, at the head shape of every config in config/: shared memory per block against the
+          architecture's limit, registers and spills per thread, tensor-core instructions. Writes
+          --fit_out (tests/test_dape_triton.py checks it against the kernels and recompiles a sample) and
+          prints the README's table. No GPU needed; about 5 s per combination on one CPU core.
 - timing  the paper's Table 1: a fresh model per method (kerple, dape-kerple, dapev2-kerple, ...) at
           each of --timing_lengths, forward + backward, and each method's total as a ratio to the first
           method's. Default size: the paper's 350M (24 x 16 x 1024), batch 1.
@@ -79,7 +85,7 @@ from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
 # config (nanoGPT style: these globals are the defaults, overridden by config files and --key=value)
-sections = "train,module,eval,gpu"  # also: timing (Table 1)
+sections = "train,module,eval,gpu"  # also: timing (Table 1), fit (the fused kernel compiled for each GPU)
 quick = False  # a tiny model and few repeats: the whole run in under a minute
 size = "demo"  # demo (config/demo_cpu.py, what demo.sh trains), char (config/gutenberg_char_cpu.py), tiny, 125m
 n_layer = None  # None: from size
@@ -118,6 +124,9 @@ timing_batch_size = 1
 timing_backward = True  # forward + backward (a training step without the optimizer); False: forward only
 timing_dtype = "bfloat16"  # autocast on the GPU
 timing_repeats = 5
+fit_archs = "80,86,89,90"  # compute capabilities the fused kernel is compiled for (sm_80: A100, ... sm_90: H100)
+fit_dtypes = "bfloat16,float16,float32"
+fit_out = "docs/kernel_fit.json"  # the table the fit test reads; entries of the same kernels are reused
 threads = 0  # torch.set_num_threads; 0: PyTorch's default
 seed = 0
 out = "results/bench.json"
@@ -540,8 +549,66 @@ def gpu_section(cfg):
         table(f"gpu section: evaluation forward, batch 1, bf16", evals, ["dape", "T", "ms", "ratio", "peak_mb"])
     table("gpu section: every training step (ratio: to the same encoding without DAPE, same T, batch, compile)",
           rows, ["pos", "dape", "T", "batch", "compiled", "ms", "ratio", "peak_mb", "skipped"])
-    return dict(device=device, fallback=device != "cuda", size=sz, dtype="bfloat16", rows=rows, eval=evals,
-                gpu=torch.cuda.get_device_name() if device == "cuda" else None)
+    res = dict(device=device, fallback=device != "cuda", size=sz, dtype="bfloat16", rows=rows, eval=evals,
+               gpu=torch.cuda.get_device_name() if device == "cuda" else None)
+    res["verdicts"] = gpu_verdicts(res, cfg)
+    return res
+
+
+def gpu_verdicts(res, cfg):
+    """The fused kernel's targets at 125M, bf16, eager (the kernel does not run under torch.compile), each
+    'met', 'not met' or 'not measured' with the figure or the reason: a V1 / V2 training step of
+    DAPE-<encoding> against the encoding's at T=512, batch 32; the peak memory of that V1 step; a step at
+    T=1024, batch 32 within 80 GB; the evaluation forward at --gpu_eval_length."""
+    import dape_triton
+    targets = [("DAPE V1 training step / without DAPE, T=512 batch 32", "v1", 1.15),
+               ("DAPE V2 training step / without DAPE, T=512 batch 32", "v2", 1.3),
+               ("DAPE V1 peak memory of a step / without DAPE, T=512 batch 32", "mem", 1.2),
+               ("DAPE V1 training step at T=1024, batch 32, within 80 GB", "fit", 80 * 1024),
+               (f"DAPE V1 evaluation at {cfg['gpu_eval_length']} tokens / without DAPE", "eval", 1.5)]
+    pos = cfg["gpu_pos"].split(",")[0]
+    if res["device"] != "cuda":
+        return [dict(target=t, verdict="not measured", why="no CUDA GPU") for t, _, _ in targets]
+    failed = {k: v for k, v in dape_triton._CHECKS.items() if v is not None}
+    if failed:
+        why = f"the fused kernel failed its self-check here ({next(iter(failed.values()))})"
+        return [dict(target=t, verdict="not measured", why=why) for t, _, _ in targets]
+    eager = [r for r in res["rows"] if not r.get("compiled")]
+    step = {(r["dape"], r["T"], r["batch"]): r for r in eager if r.get("pos") == pos}
+    out_of_memory = {(r["T"], r["batch"]) for r in eager if r.get("skipped") == "out of memory"}
+    eval_ratio = {e["dape"]: e.get("ratio") for e in res["eval"]}
+    gpu_mb = torch.cuda.get_device_properties(0).total_memory / 2 ** 20
+    out = []
+    for target, what, limit in targets:
+        if what in ("v1", "v2", "mem"):
+            row, base = step.get((what if what != "mem" else "v1", 512, 32)), step.get(("none", 512, 32))
+            if row is None or base is None or "ms" not in row or "ms" not in base:
+                value = None
+            else:
+                value = row.get("ratio") if what != "mem" else row.get("peak_mb", 0) / max(base.get("peak_mb", 0), 1e-9)
+        elif what == "fit":  # a shape that ran out of memory has one row for all its models
+            if (1024, 32) in out_of_memory:
+                value = float("inf") if gpu_mb >= limit else None
+            else:
+                value = step.get(("v1", 1024, 32), {}).get("peak_mb")
+        else:
+            value = eval_ratio.get("v1")
+        if value is None:
+            out.append(dict(target=target, verdict="not measured",
+                            why="not in this run's --gpu_shapes / --gpu_dape" if what != "fit" or gpu_mb >= limit
+                            else f"this GPU has {gpu_mb / 1024:.0f} GB"))
+        else:
+            shown = (("out of memory" if value == float("inf") else f"{value / 1024:.1f} GB") if what == "fit"
+                     else f"{value:.2f}")
+            out.append(dict(target=target, verdict="met" if value <= limit else "not met", value=value, shown=shown))
+    return out
+
+
+def print_verdicts(verdicts):
+    print("\nthe fused kernel's targets (bench.py --size=125m --sections=gpu):")
+    for v in verdicts:
+        figure = v.get("shown") or v.get("why")
+        print(f"  {v['target']}: {v['verdict']} ({figure})")
 
 
 def timing_section(cfg):
@@ -587,6 +654,106 @@ def timing_section(cfg):
     return dict(device=device, size=sz, rows=rows)
 
 
+def config_head_shapes():
+    """(heads, head size, f's width) -> the config files that train at that shape."""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
+    shapes = {}
+    for name in sorted(os.listdir(root)):
+        if name.endswith(".py"):
+            found = {}
+            exec(open(os.path.join(root, name)).read(), {}, found)
+            if "n_head" in found:
+                H = found["n_head"]
+                key = (H, found["n_embd"] // H, found.get("dape_width", GPTConfig.dape_width))
+                shapes.setdefault(key, []).append(name[:-3])
+    return shapes
+
+
+def fit_section(cfg):
+    """Compile the fused kernels for every architecture x dtype x V1/V2 x bias x mask x config head shape;
+    reuse the entries of --fit_out made from the same kernels (dape_triton.source_hash()); write it."""
+    import dape_triton
+    dape_triton._build()
+    digest = dape_triton.source_hash()
+    old = {}
+    if os.path.exists(cfg["fit_out"]):
+        with open(cfg["fit_out"]) as f:
+            table = json.load(f)
+        if table.get("source_hash") == digest:
+            old = {fit_key(e): e for e in table["entries"]}
+    shapes = config_head_shapes()
+    entries, t0 = [], time.time()
+    grid = [(arch, dtype, shape, ks, bias, causal) for arch in [int(a) for a in cfg["fit_archs"].split(",")]
+            for dtype in cfg["fit_dtypes"].split(",") for shape in shapes for ks in (1, 3)
+            for bias in (True, False) for causal in (True, False)]
+    for i, (arch, dtype, (H, hs, D), ks, bias, causal) in enumerate(grid):
+        e = dict(arch=arch, dtype=dtype, n_head=H, head_size=hs, width=D, kernel_size=ks, bias=bias, causal=causal)
+        if fit_key(e) in old:
+            entries.append(old[fit_key(e)])
+            continue
+        e["refused"] = dape_triton.refused(arch, getattr(torch, dtype), H, hs, D, ks)
+        e.update(dape_triton.compile_for(arch, getattr(torch, dtype), H, hs, D, ks, bias=bias, causal=causal))
+        entries.append(e)
+        print(f"fit {i + 1}/{len(grid)}: " + fit_line(e), flush=True)
+        if (i + 1) % 8 == 0 or i + 1 == len(grid):  # written as it goes: an interrupted run resumes
+            write_fit(cfg["fit_out"], digest, shapes, entries)
+    write_fit(cfg["fit_out"], digest, shapes, entries)
+    print(f"\nfit: {len(entries)} combinations ({time.time() - t0:.0f} s), written to {cfg['fit_out']}\n")
+    print(fit_markdown(entries, shapes))
+    return dict(source_hash=digest, entries=entries)
+
+
+def fit_key(e):
+    return tuple(e[k] for k in ("arch", "dtype", "n_head", "head_size", "width", "kernel_size", "bias", "causal"))
+
+
+def fit_line(e):
+    f, b = e["forward"], e["backward"]
+    return (f"sm_{e['arch']} {e['dtype']} {e['n_head']}x{e['head_size']} D={e['width']} k={e['kernel_size']} "
+            f"{'bias' if e['bias'] else 'no bias'} {'causal' if e['causal'] else 'bidirectional'}: forward "
+            f"{f['shared'] // 1024} KB {f['registers']} regs {f['spill_stores']} B spilled, backward "
+            f"{b['shared'] // 1024} KB {b['registers']} regs {b['spill_stores']} B spilled"
+            + (f" (refused: {e['refused']})" if e["refused"] else ""))
+
+
+def write_fit(path, digest, shapes, entries):
+    import dape_triton
+    import triton
+    table = dict(source_hash=digest, triton=triton.__version__, shared_kb=dape_triton.SHARED_KB,
+                 shapes={f"{H}x{hs} D={D}": names for (H, hs, D), names in shapes.items()}, entries=entries,
+                 command="python bench.py --sections=fit")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(table, f, indent=0)
+    os.replace(path + ".tmp", path)
+
+
+def fit_markdown(entries, shapes):
+    """The README's table: per architecture, head shape and V1 / V2, the largest figures over dtypes
+    float16 / bfloat16, bias or not, causal or not (float32 in rows of its own)."""
+    import dape_triton
+    rows = {}
+    for e in entries:
+        half = e["dtype"] != "float32"
+        key = (e["arch"], "16-bit" if half else "float32", e["n_head"], e["head_size"], e["width"], e["kernel_size"])
+        r = rows.setdefault(key, dict(fwd=[0, 0, 0], bwd=[0, 0, 0], refused=set()))
+        for name, k in (("fwd", "forward"), ("bwd", "backward")):
+            r[name] = [max(r[name][0], e[k]["shared"]), max(r[name][1], e[k]["registers"]),
+                       max(r[name][2], e[k]["spill_stores"])]
+        if e["refused"]:
+            r["refused"].add(e["refused"])
+    out = ["| GPU (limit) | dtype | heads x size, D (configs) | f | forward: shared KB, regs, spill B | "
+           "backward: shared KB, regs, spill B | fits |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for (arch, dt, H, hs, D, ks), r in sorted(rows.items()):
+        limit = dape_triton.SHARED_KB[arch]
+        fits = max(r["fwd"][0], r["bwd"][0]) <= limit * 1024
+        verdict = "yes" if fits else ("refused" if r["refused"] else "**no**")
+        out.append(f"| sm_{arch} ({limit} KB) | {dt} | {H}x{hs}, {D} ({', '.join(shapes[(H, hs, D)])}) | "
+                   f"{'V1' if ks == 1 else f'V2 k={ks}'} | {r['fwd'][0] / 1024:.0f}, {r['fwd'][1]}, {r['fwd'][2]} | "
+                   f"{r['bwd'][0] / 1024:.0f}, {r['bwd'][1]}, {r['bwd'][2]} | {verdict} |")
+    return "\n".join(out)
+
+
 def main(argv=None):
     cfg = configure(config_defaults(globals()), argv)
     if cfg["quick"]:
@@ -598,9 +765,9 @@ def main(argv=None):
         torch.set_num_threads(cfg["threads"])
     sz = model_size(cfg["size"], cfg)
     wanted = cfg["sections"].split(",")
-    unknown = set(wanted) - {"train", "module", "eval", "gpu", "timing"}
+    unknown = set(wanted) - {"train", "module", "eval", "gpu", "timing", "fit"}
     if unknown:
-        raise SystemExit(f"unknown section(s) {sorted(unknown)}: choose from train, module, eval, gpu, timing")
+        raise SystemExit(f"unknown section(s) {sorted(unknown)}: choose from train, module, eval, gpu, timing, fit")
     res = dict(meta=dict(torch=torch.__version__, python=platform.python_version(), threads=torch.get_num_threads(),
                          cpu=platform.processor() or platform.machine(), cuda=torch.cuda.is_available(),
                          loadavg_start=os.getloadavg(), started=time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -617,6 +784,8 @@ def main(argv=None):
         res["gpu"] = gpu_section(cfg)
     if "timing" in wanted:
         res["timing"] = timing_section(cfg)
+    if "fit" in wanted:
+        res["fit"] = fit_section(cfg)
     res["meta"]["memory_returned_to_os"] = run_memory_jobs()
     for row in res.get("module", {}).get("rows", []):
         row.pop("naive_bytes", None)
@@ -624,6 +793,8 @@ def main(argv=None):
         print_module(res["module"])
     if "eval" in res:
         print_eval(res["eval"])
+    if "gpu" in res:  # last: one line per target of the fused kernel
+        print_verdicts(res["gpu"]["verdicts"])
     res["meta"].update(loadavg_end=os.getloadavg(), seconds=round(time.time() - t0, 1))
     if cfg["out"]:
         os.makedirs(os.path.dirname(os.path.abspath(cfg["out"])), exist_ok=True)

@@ -1,48 +1,50 @@
 """
-DAPE attention fused into one Triton kernel (forward) and one (backward), FlashAttention-2 style:
+DAPE attention fused into Triton kernels, FlashAttention-2 style: one kernel for the forward pass, one for
+the backward pass, computing for all H heads of a layer
 
-    y = softmax(mask(A + [B] + f(A, B))) @ v,    A = scale q k^T,  all H heads of a layer at once
+    y = softmax(mask(A + [B] + f(A, B))) @ v,    A = scale q k^T,
 
-with f the two-layer channel mixer of dape.py (V1: per pair; V2: (1, k) convolutions along the keys of a
-row). Neither the [B, H, Tq, Tk] logits / probabilities nor f's [B, D, Tq, Tk] hidden map is ever written
-to memory: the forward pass keeps per (head, query) only the running max and sum of the online softmax
-and saves the log-sum-exp; the backward pass recomputes every tile from q, k, v, the bias and the weights.
+with f the two-layer channel mixer of dape.py (V1: at each (query, key) pair; V2: (1, k) convolutions
+along the keys of a row). Neither the [B, H, Tq, Tk] logits or probabilities nor f's [B, D, Tq, Tk] hidden
+map is ever written to memory: the forward pass keeps per (head, query) only the running max and sum of
+the online softmax and saves the log-sum-exp; the backward pass recomputes every tile from q, k, v, the
+bias and the weights.
 
-Forward. One program per (batch, block of BLOCK_M queries), holding all heads (f mixes them), loops over
-blocks of BLOCK_N keys (in causal attention, up to the last key its last query sees). Per key block:
-    A       one batched tl.dot [HP, M, hs] x [HP, hs, N] for all heads;
-    f       on the tile flattened to [channels, M N]: z = Wa A + Wb B + b1 as tl.dots [DP, HP] x [HP, M N],
-            h = LeakyReLU(z), f = W2 h + b2 as [HP, DP] x [DP, M N]. The channel counts (16 to 64 once
-            padded) are natural tl.dot sizes, so the mixing runs on tensor cores; a broadcast-FMA version
-            would need one [M, N] reduction per output channel instead;
-    softmax per (head, row) online (running max m, sum l, rescaled accumulator), acc += P @ v as one
-            batched tl.dot; finally y = acc / l and lse = m + log l.
+Programs. f mixes the heads, so every (query, key) pair needs the logits of all heads. A program owns a
+block of BLOCK_M queries of one sequence and a group of HG heads (all heads, padded to HP = 16, when there
+are at most 16; groups of 16 when there are 32), and loops over blocks of BLOCK_N keys (causal: up to the
+last key its last query sees). Per key block:
+    A       of all heads, [HP, M, N]: batched tl.dots over chunks of EC channels of the head size; each chunk
+            of q and k is loaded where it is used, so no [heads, M, head size] tile is held across the loop
+            (held, q alone took a third of the shared memory that the old kernel needed);
+    z       f's first layer on the tile flattened to [channels, M N]: z = Wa A + Wb B + b1 as tl.dots
+            [DP, HP] x [HP, M N], and h = LeakyReLU(z). The channel counts (16 to 64 once padded) are natural
+            tl.dot sizes, so f runs on tensor cores;
+    f       for the program's own heads, W2 h as [HG, DP] x [DP, M N]; their logits A + [B] + f (A and B of the
+            own heads loaded or recomputed when there are several groups: QK^T costs a group's share more);
+    softmax per (head, query) online (running max m, sum l, rescaled accumulator), acc += P v for the
+            own heads and a chunk of EV channels of v (several programs share a query block when the head
+            size is over EV: each recomputes the logits, which at those model sizes cost little of a step).
 V2's halo: f at key j needs h at j - p .. j + p (p = k // 2), which needs A and B at j - 2p .. j + 2p. The
-kernel recomputes them with shifted key and bias loads (masked outside [0, Tk) and, causal, after the
-query: exactly V2's zero padding and future zeroing): for each of the k hidden shifts u, z_u sums its k
-taps, reading the inputs at shifts u + t - 2p. A V2 tile therefore costs k^2 + 1 QK^T products (10 at
-k = 3; the extra one is the residual's unshifted A) where V1 does one, 2 k^2 first-layer products (A's half
-and B's) and k second-layer ones; the backward pass, which needs the logits, then z_u, then the taps'
-inputs again, does 3 k^2 + 1 (28 at k = 3). In exchange nothing but the running z and f is live across
-shifts, so register use stays close to V1's; the shifts are runtime loops rather than unrolled ones for the
-same reason (unrolled, the compiler hoists every shifted load and holds them all). Keeping the 4p + 1
-shifted inputs instead would cut the QK^T products to 4p + 1, at the price of 4p + 1 more [HP, M, N] tiles
-live at once.
+kernels recompute them with shifted key and bias loads (masked outside [0, Tk) and, causal, after the
+query: exactly V2's zero padding and future zeroing): for each of the k hidden shifts u, z_u sums its k taps,
+reading the inputs at shifts u + t - 2p. A V2 tile therefore costs k^2 + 1 QK^T products where V1 does one;
+the backward pass, which needs the logits, then z_u, then the taps' inputs again, does 3 k^2 + 1. In exchange
+nothing but the running z and f is live across shifts, so V2 needs hardly more registers or shared memory
+than V1.
 
-Backward. One program per (batch, query block) again, over the same key blocks: recompute the tile's
-logits, P = exp(s - lse), dP = dy v^T, dL = P (dP - Delta) with Delta = rowsum(dy * y). Then, per hidden
-shift u: recompute z_u, dW2_u += dL h_u^T, dz = LeakyReLU'(z_u) * (W2_u^T dL), zeroed where V2 zeroed h;
-and per tap t: dW1_t += dz X^T and dX = W1_t^T dz, which belongs to key shift w = u + t - 2p (scatter
-form). The residual's share dL is added to the w = 0 term. dX's logits half dA gives dq in registers (rows
-belong to the program) and dk = scale dA^T q by fp32 atomic adds at the shifted key rows; its bias half
-(plus dL when the bias is added) goes to the bias gradient by atomic adds; dv = P^T dy likewise. Scatter
-rather than gather: dk at key j needs dL at keys j - 2p .. j + 2p, each of which needs the logits at
-j - 4p .. j + 4p, so a key-owning (gather) program would recompute the forward 4p + 1 times; the scatter
-form recomputes each tile twice (logits, then the hidden shifts) and pays in atomics. The weight
-gradients go to a [programs, ...] float32 buffer, each program adding its tiles' sums to its own row (no
-register holds them across the loop; one writer per row keeps them deterministic), summed in torch. dk,
-dv and the bias gradient are sums of fp32 atomic adds from many programs, whose order (hence last bits)
-varies between runs on a GPU.
+Backward. The same programs, over the same key blocks: recompute the own heads' logits, P = exp(s - lse),
+dP = dy v^T, dL = P (dP - Delta) with Delta = rowsum(dy * y) (computed beforehand in PyTorch), dv += P^T dy.
+Then, per hidden shift u: recompute z_u, dW2_u += dL h_u^T, dz = LeakyReLU'(z_u) * (W2_u^T dL), zeroed where
+V2 zeroed h; and per tap t: dW1_t += dz X^T and dX = W1_t^T dz, for all heads, at key shift w = u + t - 2p
+(scatter form). A's half of dX gives dq = scale dA k and dk = scale dA^T q, its bias half the bias gradient.
+The residual's share (dL itself, for the own heads) joins the w = 0 term, or, with several groups, is
+scattered on its own. dq, dk, dv and the bias gradient are float32 atomic adds (several programs reach
+each), so their last bits vary between runs on a GPU. Scatter rather than gather: dk at key j needs dL at
+keys j - 2p .. j + 2p, each of which needs the logits at j - 4p .. j + 4p, so a key-owning program would
+recompute the forward 4p + 1 times. The weights' gradients go to a [programs, ...] float32 buffer, each
+program adding its tiles' sums to its own row (one writer per row keeps them deterministic), summed in
+PyTorch.
 
 Variants (f's first layer split into a half Wa applied to A and a half Wb applied to B; RES_B: B is added):
     concat_residual   A + B + f(cat(A, B))   Wa = w1[:, :H], Wb = w1[:, H:], RES_B    (dw1 = cat(dWa, dWb))
@@ -51,26 +53,33 @@ Variants (f's first layer split into a half Wa applied to A and a half Wb applie
     bias_only         A + B + f(B)           Wa = 0 (skipped), Wb = w1, RES_B         (dw1 = dWb)
     no bias           A + f(A)               Wa = w1, no B                            (dw1 = dWa)
 
-Block sizes. Every tile holds all heads: [HP, M, N] for A, B, the logits and P, [DP, M N] for z and h,
-where HP and DP are the head count and f's width padded to powers of two >= 16 (and the head size to
-HSP), which makes every tl.dot operand dimension >= 16 (zero-padded weights and masked loads keep the
-padding inert). That is many registers per (query, key) pair, so the blocks are small: BLOCK_M = BLOCK_N =
-16 by default (powers of two >= 16; attention() takes others for tuning), with NUM_WARPS = 8 warps to hold
-them. NUM_STAGES = 1: the key loop is bound by arithmetic, not loads, and software pipelining would keep
-several copies of each of V2's shifted key and bias tiles in shared memory. Holding all heads also bounds
-the shapes on CUDA: H <= 32, H x hs <= 1024 padded (512 in float32), D <= 64 (MAX_* below); unavailable(q)
-names what is too large, and the model falls back to its torch path.
+Tiles and architectures. Every tile holds all heads, [HP, M, N] for A and B, [DP, M N] for z and h, with HP
+and DP (f's width) padded to powers of two >= 16 so that every tl.dot has K >= 16 (zero-padded weights and
+masked loads keep the padding inert). That is many registers per (query, key) pair, so the tiles are small:
+16 x 16 pairs. The shared memory a program needs differs little between architectures, but what a block
+may use does: 163 KB on an A100 (sm_80), 99 KB on the A10, A40, RTX 30xx/40xx, L4 and L40S (sm_86, sm_89),
+227 KB on an H100 (sm_90). CONFIGS holds the launch settings per compute capability, chosen by compiling
+every kernel for every architecture on a CPU (Triton's compiler and ptxas need no GPU: bench.py
+--sections=fit prints the shared memory, registers and spills, tests/test_dape_triton.py asserts the fit,
+and the README lists them). The limits of the kernels' shapes are MAX_* below; unavailable(q) says what is
+too large, and the model then uses its PyTorch path.
 
 Dtypes. float32 inputs: every tl.dot in IEEE float32 (exact to float32 rounding; no TF32). float16 /
-bfloat16 inputs (autocast): tile operands are rounded to that dtype for tl.dot, with float32
-accumulation; softmax statistics, the residual A + B, LeakyReLU and all gradient accumulators are
-float32. The bias and the weights are used as float32. y and the gradients of q, k, v are returned in
-the inputs' dtype.
+bfloat16 inputs (autocast): every tl.dot operand is rounded to that dtype (_lo), with float32 accumulation;
+the softmax statistics, the residual A + B, LeakyReLU and every gradient accumulator are float32. The bias
+and the weights are read as float32. y and the gradients of q, k, v come back in the inputs' dtype.
 
-The kernels run compiled on CUDA, or on CPU tensors under Triton's interpreter (TRITON_INTERPRET=1, as
-the tests do). triton.jit reads TRITON_INTERPRET when it decorates a function, so the functions below
-are decorated on first use (_build) rather than at import: a process that imports this module early
-(model.py does) and sets the variable later still gets interpreted kernels.
+The kernels run compiled on CUDA, or on CPU tensors under Triton's interpreter (TRITON_INTERPRET=1, as the
+tests do). The interpreter cannot multiply bfloat16 (and truncates when it converts to it), so there the
+bfloat16 path is emulated exactly: operands rounded to the nearest bfloat16 by hand and multiplied in
+float32, which is what a tensor core computes from them (LO = "bf16-emulated"). triton.jit reads
+TRITON_INTERPRET when it decorates a function, so the functions below are decorated on first use (_build)
+rather than at import: a process that imports this module early (model.py does) and sets the variable
+later still gets interpreted kernels.
+
+Where the kernels could fail on a GPU no session has run them on, they check themselves: with dape_impl=auto
+the model calls self_check() once per kind of call (dtype, variant, bias, mask, shape class) and uses its
+PyTorch path, with one warning naming the cause, if the kernels fail or disagree with reference().
 """
 
 from __future__ import annotations  # the kernels' tl.constexpr annotations stay strings without triton
@@ -79,6 +88,7 @@ import math
 import numbers
 
 import torch
+import torch.nn.functional as F
 
 try:
     import triton
@@ -91,20 +101,29 @@ else:
 
 VARIANTS = ("concat_residual", "concat", "add_residual", "bias_only")  # as in dape.py
 SLOPE = 0.01  # LeakyReLU's negative slope (dape.py, PyTorch's default)
-BLOCK_M = 16
-BLOCK_N = 16
-NUM_WARPS = 8
-NUM_STAGES = 1
-# One program holds every head: [HP, BLOCK_M, HSP] tiles of q, dy and the accumulators, [HP, M N] and
-# [DP, M N] ones of the logits and f's hidden map. Past these padded sizes (HP, HP * HSP, DP) they no
-# longer fit in an H100's registers and shared memory (found by compiling for sm_90), so on CUDA the
-# kernels refuse them rather than fail at launch; unavailable(q) says so, for the model to fall back.
+
+# Launch settings per compute capability: tile (block_m queries x block_n keys), the chunk of the head size
+# that each QK^T / dP / dq / dk / dv product takes (ec), the chunk of v a forward program accumulates (ev),
+# the heads per group (hg), warps and pipeline stages. Found by compiling for each architecture on the CPU
+# (bench.py --sections=fit; the README has the table): every kernel at every shape the models use fits the
+# architecture's shared memory per block with the fewest register spills that ptxas reports. One stage: the
+# key loop is bound by arithmetic rather than loads, and pipelining would keep several copies of each of
+# V2's shifted key and bias tiles in shared memory. A capability not listed takes the entry of the nearest
+# listed one below it (or the first), and the self-check guards it.
+CONFIGS = {
+    (8, 0): dict(block_m=16, block_n=16, ec=16, ev=64, hg=16, dc=16, warps=8, stages=1, maxnreg=255),  # A100, A30: 163 KB per block
+    (8, 6): dict(block_m=16, block_n=16, ec=16, ev=64, hg=16, dc=16, warps=8, stages=1, maxnreg=255),  # A10, A40, RTX 30xx: 99 KB
+    (8, 9): dict(block_m=16, block_n=16, ec=16, ev=64, hg=16, dc=16, warps=8, stages=1, maxnreg=255),  # L4, L40S, RTX 40xx: 99 KB
+    (9, 0): dict(block_m=16, block_n=16, ec=16, ev=64, hg=16, dc=16, warps=8, stages=1, maxnreg=255),  # H100, H200: 227 KB
+}
+INTERPRETER_CONFIG = dict(block_m=16, block_n=16, ec=16, ev=64, hg=16, dc=16, warps=1, stages=1, maxnreg=None)
+# Shared memory per block of each architecture, KB (CUDA's limits for an opt-in allocation).
+SHARED_KB = {80: 163, 86: 99, 89: 99, 90: 227}
+# Shape limits on CUDA: padded heads, padded head size, padded width of f. Past them the tiles no longer fit
+# on chip (or were never compiled and checked), and unavailable() refuses them.
 MAX_HEADS = 32
-MAX_HEAD_TILE = {torch.float32: 512, torch.float16: 1024, torch.bfloat16: 1024}
+MAX_HEAD_SIZE = 256
 MAX_WIDTH = 64
-# The shared memory a program needs leaves room for one per SM anyway: let ptxas use every register
-# rather than spill to fit a second.
-MAX_REGISTERS = 255
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 # ---------------------------------------------------------------------------------------------------------
@@ -140,6 +159,22 @@ def _interpreting():
 
 
 @_jit
+def _lo(x, LO: tl.constexpr):
+    """x as a tl.dot operand: rounded to the products' dtype LO (float32 x passes unchanged)."""
+    if LO == "bf16-emulated":  # the interpreter: round to nearest even by hand, keep float32 (see above)
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
+        y = bits.to(tl.float32, bitcast=True)
+    elif LO == "bf16":
+        y = x.to(tl.bfloat16)
+    elif LO == "fp16":
+        y = x.to(tl.float16)
+    else:
+        y = x
+    return y
+
+
+@_jit
 def _valid(qpos, jw, Tk, CAUSAL: tl.constexpr):
     """Where f's inputs and hidden map at keys jw [1, 1, N] exist for the queries at positions qpos
     [1, M, 1]: inside [0, Tk) (V2's zero padding) and, causal, not after the query (V2's future zeroing;
@@ -151,48 +186,66 @@ def _valid(qpos, jw, Tk, CAUSAL: tl.constexpr):
 
 
 @_jit
-def _inputs(q, k_b, koff, kmask, skn, bias_b, boff, bmask, sbn, qpos, jw, Tk, scale,
-            NEED_A: tl.constexpr, HAS_B: tl.constexpr, CAUSAL: tl.constexpr,
-            DT: tl.constexpr, PREC: tl.constexpr):
-    """f's inputs at keys jw [1, 1, N]: A and B [HP, M, N] in float32, zero where not _valid; and the key
-    tile k^T [HP, HSP, N] that A came from (dq needs it)."""
-    inside = (jw >= 0) & (jw < Tk)
-    ok = _valid(qpos, jw, Tk, CAUSAL)
-    kt = tl.load(k_b + koff + jw * skn, mask=kmask & inside, other=0.0)
-    if HAS_B:
-        xb = tl.load(bias_b + boff + jw * sbn, mask=bmask & ok, other=0.0).to(tl.float32)
-    if NEED_A:
-        xa = tl.where(ok, tl.dot(q.to(DT), kt.to(DT), input_precision=PREC) * scale, 0.0)
-    else:
-        xa = tl.zeros_like(xb)
-    if not HAS_B:
-        xb = tl.zeros_like(xa)
-    return xa, xb, kt
+def _qk(q_rows, k_b, heads, jw, sqh, sqe, skh, skn, ske, H, HS, Tq, iq, Tk, scale,
+        HX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EC: tl.constexpr, LO: tl.constexpr):
+    """scale q k^T [HX, M, N] (float32) of the heads `heads` [HX, 1, 1] at the query rows q_rows (pointers
+    [1, M, 1], indices iq) and keys jw [1, 1, N]; zero outside the tensors. Summed over chunks of EC channels."""
+    e_last = tl.arange(0, EC)[None, None, :]
+    nw = tl.reshape(jw, [1, BLOCK_N, 1])  # keys on the middle axis: k is loaded along its rows, then transposed
+    qmask = (heads < H) & (iq < Tq)
+    kmask = (heads < H) & (nw >= 0) & (nw < Tk)
+    a = tl.zeros([HX, BLOCK_M, BLOCK_N], tl.float32)
+    for e0 in tl.range(0, HS, EC):
+        emask = e0 + e_last < HS
+        qe = tl.load(q_rows + heads * sqh + (e0 + e_last) * sqe, mask=qmask & emask, other=0.0)
+        ke = tl.load(k_b + heads * skh + nw * skn + (e0 + e_last) * ske, mask=kmask & emask, other=0.0)
+        a = tl.dot(_lo(qe, LO), _lo(tl.permute(ke, (0, 2, 1)), LO), a, input_precision="ieee")
+    return a * scale
 
 
 @_jit
-def _hidden(u, a0, b0, q, k_b, koff, kmask, skn, bias_b, boff, bmask, sbn, qpos, jn, Tk, scale,
-            WA, WB, b1, w_dh,
-            HP: tl.constexpr, DP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-            KS: tl.constexpr, PAD: tl.constexpr, A_IN: tl.constexpr, HAS_B: tl.constexpr,
-            CAUSAL: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
-    """f's first layer before the activation, z [DP, M N], at keys jn + u - PAD: its tap t reads the inputs
-    at key shift u + t - 2 PAD (V1: the tile's own, a0 and b0; V2 recomputes them)."""
+def _inputs(q_rows, k_b, bias_rows, heads, jw, qpos, iq, sqh, sqe, skh, skn, ske, sbh, sbn, H, HS, Tq, Tk, scale,
+            HX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EC: tl.constexpr,
+            NEED_A: tl.constexpr, HAS_B: tl.constexpr, CAUSAL: tl.constexpr, LO: tl.constexpr):
+    """f's inputs A and B [HX, M, N] (float32) of the heads `heads` at keys jw, zero where not _valid."""
+    ok = _valid(qpos, jw, Tk, CAUSAL)
+    if NEED_A:
+        xa = tl.where(ok, _qk(q_rows, k_b, heads, jw, sqh, sqe, skh, skn, ske, H, HS, Tq, iq, Tk, scale,
+                              HX, BLOCK_M, BLOCK_N, EC, LO), 0.0)
+    else:
+        xa = tl.zeros([HX, BLOCK_M, BLOCK_N], tl.float32)
+    if HAS_B:
+        xb = tl.load(bias_rows + heads * sbh + jw * sbn, mask=(heads < H) & (iq < Tq) & ok, other=0.0).to(tl.float32)
+    else:
+        xb = tl.zeros([HX, BLOCK_M, BLOCK_N], tl.float32)
+    return xa, xb
+
+
+@_jit
+def _hidden(u, c0, a0, b0, q_rows, k_b, bias_rows, heads, jn, qpos, iq, sqh, sqe, skh, skn, ske, sbh, sbn,
+            H, HS, Tq, Tk, scale, WA, WB, B1, w_dh,
+            HP: tl.constexpr, DP: tl.constexpr, DC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            EC: tl.constexpr, KS: tl.constexpr, PAD: tl.constexpr, A_IN: tl.constexpr, HAS_B: tl.constexpr,
+            CAUSAL: tl.constexpr, LO: tl.constexpr):
+    """f's first layer before the activation at its hidden channels c0 .. c0 + DC - 1, z [DC, M N], at keys
+    jn + u - PAD: its tap t reads the inputs of all heads at key shift u + t - 2 PAD (V1: the tile's own, a0
+    and b0; V2 recomputes them). w_dh: a [DC, HP] block of a tap of Wa or Wb, at channel 0."""
     MN: tl.constexpr = BLOCK_M * BLOCK_N
-    z = tl.zeros([DP, MN], tl.float32) + b1[:, None]
+    z = tl.zeros([DC, MN], tl.float32) + tl.load(B1 + c0 + tl.arange(0, DC))[:, None]
+    w_dh = w_dh + c0 * HP
     for t in tl.range(0, KS):
         if KS == 1:
             xa = a0
             xb = b0
         else:
-            xa, xb, kt = _inputs(q, k_b, koff, kmask, skn, bias_b, boff, bmask, sbn, qpos, jn + (u + t - 2 * PAD),
-                                 Tk, scale, A_IN, HAS_B, CAUSAL, DT, PREC)
+            xa, xb = _inputs(q_rows, k_b, bias_rows, heads, jn + (u + t - 2 * PAD), qpos, iq, sqh, sqe, skh, skn, ske,
+                             sbh, sbn, H, HS, Tq, Tk, scale, HP, BLOCK_M, BLOCK_N, EC, A_IN, HAS_B, CAUSAL, LO)
         if A_IN:
             wa = tl.load(WA + t * DP * HP + w_dh)
-            z = tl.dot(wa.to(DT), tl.reshape(xa, [HP, MN]).to(DT), z, input_precision=PREC)
+            z = tl.dot(_lo(wa, LO), _lo(tl.reshape(xa, [HP, MN]), LO), z, input_precision="ieee")
         if HAS_B:
             wb = tl.load(WB + t * DP * HP + w_dh)
-            z = tl.dot(wb.to(DT), tl.reshape(xb, [HP, MN]).to(DT), z, input_precision=PREC)
+            z = tl.dot(_lo(wb, LO), _lo(tl.reshape(xb, [HP, MN]), LO), z, input_precision="ieee")
     return z
 
 
@@ -205,27 +258,42 @@ def _hidden_mask(qpos, jn, Tk, u, PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOC
 
 
 @_jit
-def _logits(q, k_b, koff, kmask, skn, bias_b, boff, bmask, sbn, qpos, jn, Tk, scale,
-            WA, WB, W2, b1, b2, w_dh, w2_hd,
-            HP: tl.constexpr, DP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-            KS: tl.constexpr, PAD: tl.constexpr, A_IN: tl.constexpr, HAS_B: tl.constexpr, RES_B: tl.constexpr,
-            CAUSAL: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, SLOPE: tl.constexpr):
-    """The logits A + [B] + f [HP, M, N] at keys jn, -inf where masked; and the shift-0 A, B, k^T."""
-    a0, b0, kt0 = _inputs(q, k_b, koff, kmask, skn, bias_b, boff, bmask, sbn, qpos, jn, Tk, scale,
-                          True, HAS_B, CAUSAL, DT, PREC)
-    f = tl.zeros([HP, BLOCK_M * BLOCK_N], tl.float32)
+def _logits(q_rows, k_b, bias_rows, ha, hg, jn, qpos, iq, sqh, sqe, skh, skn, ske, sbh, sbn, H, HS, Tq, Tk, scale,
+            WA, WB, W2, B1, b2g, w_dh, w2_own,
+            HP: tl.constexpr, HG: tl.constexpr, DP: tl.constexpr, DC: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            EC: tl.constexpr, KS: tl.constexpr, PAD: tl.constexpr, A_IN: tl.constexpr, HAS_B: tl.constexpr,
+            RES_B: tl.constexpr, CAUSAL: tl.constexpr, LO: tl.constexpr, SLOPE: tl.constexpr):
+    """The own heads' logits A + [B] + f [HG, M, N] at keys jn, -inf where masked; and the shift-0 inputs of
+    all heads, a0 and b0 [HP, M, N] (V1's f reads them; otherwise zeros)."""
+    GROUPS: tl.constexpr = HP // HG
+    if (KS == 1) | (GROUPS == 1):
+        a0, b0 = _inputs(q_rows, k_b, bias_rows, ha, jn, qpos, iq, sqh, sqe, skh, skn, ske, sbh, sbn, H, HS, Tq, Tk,
+                         scale, HP, BLOCK_M, BLOCK_N, EC, True, HAS_B, CAUSAL, LO)
+    else:
+        a0 = tl.zeros([HP, BLOCK_M, BLOCK_N], tl.float32)
+        b0 = tl.zeros([HP, BLOCK_M, BLOCK_N], tl.float32)
+    f = tl.zeros([HG, BLOCK_M * BLOCK_N], tl.float32)
     for u in tl.range(0, KS):
-        z = _hidden(u, a0, b0, q, k_b, koff, kmask, skn, bias_b, boff, bmask, sbn, qpos, jn, Tk, scale,
-                    WA, WB, b1, w_dh, HP, DP, BLOCK_M, BLOCK_N, KS, PAD, A_IN, HAS_B, CAUSAL, DT, PREC)
         ok = _hidden_mask(qpos, jn, Tk, u, PAD, BLOCK_M, BLOCK_N, CAUSAL)
-        h = tl.where(ok, tl.where(z > 0, z, z * SLOPE), 0.0)
-        w2 = tl.load(W2 + u * HP * DP + w2_hd)
-        f = tl.dot(w2.to(DT), h.to(DT), f, input_precision=PREC)
-    s = a0 + tl.reshape(f, [HP, BLOCK_M, BLOCK_N]) + b2[:, None, None]
+        for c0 in tl.range(0, DP, DC):  # f's hidden channels DC at a time: fewer registers live
+            z = _hidden(u, c0, a0, b0, q_rows, k_b, bias_rows, ha, jn, qpos, iq, sqh, sqe, skh, skn, ske, sbh, sbn,
+                        H, HS, Tq, Tk, scale, WA, WB, B1, w_dh, HP, DP, DC, BLOCK_M, BLOCK_N, EC, KS, PAD, A_IN,
+                        HAS_B, CAUSAL, LO)
+            h = tl.where(ok, tl.where(z > 0, z, z * SLOPE), 0.0)
+            w2 = tl.load(W2 + u * HP * DP + c0 + w2_own)
+            f = tl.dot(_lo(w2, LO), _lo(h, LO), f, input_precision="ieee")
+    if GROUPS == 1:
+        ag = a0
+        bg = b0
+    else:
+        ag, bg = _inputs(q_rows, k_b, bias_rows, hg, jn, qpos, iq, sqh, sqe, skh, skn, ske, sbh, sbn, H, HS, Tq, Tk,
+                         scale, HG, BLOCK_M, BLOCK_N, EC, True, HAS_B, CAUSAL, LO)
+    s = ag + tl.reshape(f, [HG, BLOCK_M, BLOCK_N]) + b2g[:, None, None]
     if RES_B:
-        s = s + b0
+        s = s + bg
     s = tl.where(_valid(qpos, jn, Tk, CAUSAL), s, float("-inf"))
-    return s, a0, b0, kt0
+    return s, a0, b0
 
 
 @_jit
@@ -233,214 +301,263 @@ def _forward(Q, K, V, Bias, WA, WB, W2, B1, B2, Y, LSE,
              sqb, sqh, sqm, sqe, skb, skh, skn, ske, svb, svh, svn, sve,
              sbb, sbh, sbm, sbn, syb, syh, sym, sye,
              H, HS, Tq, Tk, q_offset, scale,
-             HP: tl.constexpr, HSP: tl.constexpr, DP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-             KS: tl.constexpr, PAD: tl.constexpr, A_IN: tl.constexpr, HAS_B: tl.constexpr, RES_B: tl.constexpr,
-             CAUSAL: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, SLOPE: tl.constexpr):
-    """y [B, H, Tq, HS] (Y's dtype) and the log-sum-exp of each row, LSE [B, H, Tq] (float32)."""
+             HP: tl.constexpr, HG: tl.constexpr, EC: tl.constexpr, EV: tl.constexpr, DP: tl.constexpr,
+             DC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KS: tl.constexpr, PAD: tl.constexpr,
+             A_IN: tl.constexpr, HAS_B: tl.constexpr, RES_B: tl.constexpr, CAUSAL: tl.constexpr,
+             LO: tl.constexpr, SLOPE: tl.constexpr):
+    """y [B, H, Tq, HS] (Y's dtype) and the log-sum-exp of each row, LSE [B, H, Tq] (float32). Grid: (query
+    blocks, B, groups x chunks of v)."""
     mb = tl.num_programs(0) - 1 - tl.program_id(0)  # causal: the blocks with the most keys start first
     b = tl.program_id(1)
+    n_v = tl.cdiv(HS, EV)
+    g = tl.program_id(2) // n_v
+    e0 = (tl.program_id(2) % n_v) * EV
     m0 = mb * BLOCK_M
-    hq = tl.arange(0, HP)[:, None, None]
+    ha = tl.arange(0, HP)[:, None, None]  # all heads
+    hg = g * HG + tl.arange(0, HG)[:, None, None]  # this program's heads
     iq = m0 + tl.arange(0, BLOCK_M)[None, :, None]
     jr = tl.arange(0, BLOCK_N)[None, None, :]  # keys on the last axis (logits)
     nr = tl.arange(0, BLOCK_N)[None, :, None]  # keys on the middle axis (v)
-    e_mid = tl.arange(0, HSP)[None, :, None]
-    e_last = tl.arange(0, HSP)[None, None, :]
-    dd = tl.arange(0, DP)
-    cc = tl.arange(0, HP)
-    w_dh = dd[:, None] * HP + cc[None, :]  # a tap of Wa or Wb, [DP, HP]
-    w2_hd = cc[:, None] * DP + dd[None, :]  # a tap of W2, [HP, DP]
+    ev = e0 + tl.arange(0, EV)[None, None, :]
+    dc = tl.arange(0, DC)
+    w_dh = dc[:, None] * HP + tl.arange(0, HP)[None, :]  # DC rows of a tap of Wa or Wb, [DC, HP]
+    w2_own = (g * HG + tl.arange(0, HG))[:, None] * DP + dc[None, :]  # the own rows of a tap of W2, DC columns
 
-    qmask = (hq < H) & (iq < Tq) & (e_last < HS)
-    q = tl.load(Q + b * sqb + hq * sqh + iq * sqm + e_last * sqe, mask=qmask, other=0.0)
+    q_rows = Q + b * sqb + iq * sqm
     k_b = K + b * skb
-    koff = hq * skh + e_mid * ske
-    kmask = (hq < H) & (e_mid < HS)
-    bias_b = Bias + b * sbb
-    boff = hq * sbh + iq * sbm
-    bmask = (hq < H) & (iq < Tq)
+    bias_rows = Bias + b * sbb + iq * sbm
     qpos = q_offset + iq
-    v_b = V + b * svb
-    voff = hq * svh + e_last * sve
-    vmask = (hq < H) & (e_last < HS)
-    b1 = tl.load(B1 + dd)
-    b2 = tl.load(B2 + cc)
+    b2g = tl.load(B2 + g * HG + tl.arange(0, HG))
+    v_b = V + b * svb + hg * svh + ev * sve
+    vmask = (hg < H) & (ev < HS)
 
-    m_i = tl.full([HP, BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([HP, BLOCK_M], tl.float32)
-    acc = tl.zeros([HP, BLOCK_M, HSP], tl.float32)
+    m_i = tl.full([HG, BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([HG, BLOCK_M], tl.float32)
+    acc = tl.zeros([HG, BLOCK_M, EV], tl.float32)
     n_end = Tk
     if CAUSAL:
         n_end = tl.minimum(Tk, q_offset + m0 + BLOCK_M)
     # key 0 is masked for no row, so m_i is finite from the first block on
     for n0 in tl.range(0, n_end, BLOCK_N):
-        s, a0, b0, kt0 = _logits(q, k_b, koff, kmask, skn, bias_b, boff, bmask, sbn, qpos, n0 + jr, Tk, scale,
-                                 WA, WB, W2, b1, b2, w_dh, w2_hd, HP, DP, BLOCK_M, BLOCK_N, KS, PAD,
-                                 A_IN, HAS_B, RES_B, CAUSAL, DT, PREC, SLOPE)
+        s, a0, b0 = _logits(q_rows, k_b, bias_rows, ha, hg, n0 + jr, qpos, iq, sqh, sqe, skh, skn, ske, sbh, sbn,
+                            H, HS, Tq, Tk, scale, WA, WB, W2, B1, b2g, w_dh, w2_own, HP, HG, DP, DC, BLOCK_M,
+                            BLOCK_N, EC, KS, PAD, A_IN, HAS_B, RES_B, CAUSAL, LO, SLOPE)
         m_new = tl.maximum(m_i, tl.max(s, 2))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, :, None])
         l_i = l_i * alpha + tl.sum(p, 2)
-        vt = tl.load(v_b + voff + (n0 + nr) * svn, mask=vmask & (n0 + nr < Tk), other=0.0)
-        acc = tl.dot(p.to(DT), vt.to(DT), acc * alpha[:, :, None], input_precision=PREC)
+        vt = tl.load(v_b + (n0 + nr) * svn, mask=vmask & (n0 + nr < Tk), other=0.0)
+        acc = tl.dot(_lo(p, LO), _lo(vt, LO), acc * alpha[:, :, None], input_precision="ieee")
         m_i = m_new
 
     y = acc / l_i[:, :, None]
-    tl.store(Y + b * syb + hq * syh + iq * sym + e_last * sye, y.to(Y.dtype.element_ty), mask=qmask)
-    hm = tl.arange(0, HP)[:, None]
+    tl.store(Y + b * syb + hg * syh + iq * sym + ev * sye, y.to(Y.dtype.element_ty), mask=vmask & (iq < Tq))
+    hm = g * HG + tl.arange(0, HG)[:, None]
     im = m0 + tl.arange(0, BLOCK_M)[None, :]
-    tl.store(LSE + (b * H + hm) * Tq + im, m_i + tl.log(l_i), mask=(hm < H) & (im < Tq))
+    if e0 == 0:  # one of the programs that share the heads writes their log-sum-exp
+        tl.store(LSE + (b * H + hm) * Tq + im, m_i + tl.log(l_i), mask=(hm < H) & (im < Tq))
 
 
 @_jit
-def _backward(Q, K, V, Bias, WA, WB, W2, B1, B2, Y, DY, LSE,
+def _scatter_qk(da, heads, q_rows, k_b, dq_rows, dk_b, iq, jw, nw, sqh, sqe, skh, skn, ske, H, HS, Tq, Tk, scale,
+                EC: tl.constexpr, LO: tl.constexpr):
+    """The gradient da [HX, M, N] of A at the heads `heads`, query rows iq, keys jw (last axis; nw: the same
+    on the middle axis): dq += scale da k and dk += scale da^T q, added atomically into the float32 buffers
+    (dq_rows: pointers [1, M, 1] of rows iq; dk_b: the sequence's [H, Tk, HS] block)."""
+    e_last = tl.arange(0, EC)[None, None, :]
+    da_lo = _lo(da, LO)
+    dat_lo = _lo(tl.permute(da, (0, 2, 1)), LO)
+    qmask = (heads < H) & (iq < Tq)
+    kmask = (heads < H) & (nw >= 0) & (nw < Tk)
+    for e0 in tl.range(0, HS, EC):
+        emask = e0 + e_last < HS
+        ke = tl.load(k_b + heads * skh + nw * skn + (e0 + e_last) * ske, mask=kmask & emask, other=0.0)
+        dq = tl.dot(da_lo, _lo(ke, LO), input_precision="ieee")
+        tl.atomic_add(dq_rows + heads * (Tq * HS) + e0 + e_last, dq * scale, mask=qmask & emask, sem="relaxed")
+        qe = tl.load(q_rows + heads * sqh + (e0 + e_last) * sqe, mask=qmask & emask, other=0.0)
+        dk = tl.dot(dat_lo, _lo(qe, LO), input_precision="ieee")
+        tl.atomic_add(dk_b + heads * (Tk * HS) + nw * HS + e0 + e_last, dk * scale, mask=kmask & emask, sem="relaxed")
+
+
+@_jit
+def _backward(Q, K, V, Bias, WA, WB, W2, B1, B2, DY, LSE, DELTA,
               DQ, DK, DV, DBIAS, DWA, DWB, DW2, DB1, DB2,
               sqb, sqh, sqm, sqe, skb, skh, skn, ske, svb, svh, svn, sve,
-              sbb, sbh, sbm, sbn, syb, syh, sym, sye, sdyb, sdyh, sdym, sdye,
-              sgb, sgh, sgm, sgn,
+              sbb, sbh, sbm, sbn, sdyb, sdyh, sdym, sdye, sgb, sgh, sgm, sgn,
               H, HS, Tq, Tk, q_offset, scale,
-              HP: tl.constexpr, HSP: tl.constexpr, DP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              KS: tl.constexpr, PAD: tl.constexpr, A_IN: tl.constexpr, HAS_B: tl.constexpr,
-              RES_B: tl.constexpr, NEED_DB: tl.constexpr, CAUSAL: tl.constexpr,
-              DT: tl.constexpr, PREC: tl.constexpr, SLOPE: tl.constexpr):
-    """The gradients. DQ [B, H, Tq, HS]: stored (float32). DK, DV [B, H, Tk, HS] and the bias gradient
-    DBIAS (strides sg*, batch stride 0 when shared): zeroed float32 buffers, added to atomically. The
-    weights' gradients: this program's sums, in its own row (b * programs + query block) of zeroed float32
-    buffers DWA, DWB [P, KS, DP, HP], DW2 [P, KS, HP, DP] (added to tile by tile: the program is alone on
-    its row, so the sums are deterministic, and no register holds them across the loop), DB1 [P, DP] and
-    DB2 [P, HP]."""
+              HP: tl.constexpr, HG: tl.constexpr, EC: tl.constexpr, DP: tl.constexpr, DC: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KS: tl.constexpr, PAD: tl.constexpr,
+              A_IN: tl.constexpr, HAS_B: tl.constexpr, RES_B: tl.constexpr, NEED_DB: tl.constexpr,
+              CAUSAL: tl.constexpr, LO: tl.constexpr, SLOPE: tl.constexpr):
+    """The gradients. DQ, DK, DV [B, H, T, HS] and the bias gradient DBIAS (strides sg*, batch stride 0 when
+    shared): zeroed float32 buffers, added to atomically. The weights' gradients: this program's sums, in its
+    own row ((b * groups + g) * query blocks + query block) of zeroed float32 buffers DWA, DWB [P, KS, DP, HP],
+    DW2 [P, KS, HP, DP], DB1 [P, DP] and DB2 [P, HP] (added to tile by tile: the program is alone on its row,
+    so the sums are deterministic, and no register holds them across the loop). Grid: (query blocks, B,
+    groups)."""
+    GROUPS: tl.constexpr = HP // HG
+    MN: tl.constexpr = BLOCK_M * BLOCK_N
     mb = tl.num_programs(0) - 1 - tl.program_id(0)
     b = tl.program_id(1)
+    g = tl.program_id(2)
     m0 = mb * BLOCK_M
-    MN: tl.constexpr = BLOCK_M * BLOCK_N
-    hq = tl.arange(0, HP)[:, None, None]
+    ha = tl.arange(0, HP)[:, None, None]
+    hg = g * HG + tl.arange(0, HG)[:, None, None]
     iq = m0 + tl.arange(0, BLOCK_M)[None, :, None]
     jr = tl.arange(0, BLOCK_N)[None, None, :]
     nr = tl.arange(0, BLOCK_N)[None, :, None]
-    e_mid = tl.arange(0, HSP)[None, :, None]
-    e_last = tl.arange(0, HSP)[None, None, :]
-    dd = tl.arange(0, DP)
+    e_last = tl.arange(0, EC)[None, None, :]
+    dc = tl.arange(0, DC)
     cc = tl.arange(0, HP)
-    w_dh = dd[:, None] * HP + cc[None, :]  # a tap of Wa or Wb, [DP, HP]
-    w_hd = cc[:, None] + dd[None, :] * HP  # its transpose, [HP, DP]
-    w2_hd = cc[:, None] * DP + dd[None, :]  # a tap of W2, [HP, DP]
-    w2_dh = cc[None, :] * DP + dd[:, None]  # its transpose, [DP, HP]
+    og = g * HG + tl.arange(0, HG)  # the own heads, as a vector
+    w_dh = dc[:, None] * HP + cc[None, :]  # DC rows of a tap of Wa or Wb, [DC, HP]
+    w_hd = cc[:, None] + dc[None, :] * HP  # their transpose, [HP, DC]
+    w2_own = og[:, None] * DP + dc[None, :]  # the own rows of a tap of W2, DC columns: [HG, DC]
+    w2_own_t = og[None, :] * DP + dc[:, None]  # their transpose, [DC, HG]
 
-    qmask = (hq < H) & (iq < Tq) & (e_last < HS)
-    q = tl.load(Q + b * sqb + hq * sqh + iq * sqm + e_last * sqe, mask=qmask, other=0.0)
-    dy = tl.load(DY + b * sdyb + hq * sdyh + iq * sdym + e_last * sdye, mask=qmask, other=0.0)
-    y = tl.load(Y + b * syb + hq * syh + iq * sym + e_last * sye, mask=qmask, other=0.0)
-    delta = tl.sum(dy.to(tl.float32) * y.to(tl.float32), 2)
-    hm = tl.arange(0, HP)[:, None]
+    q_rows = Q + b * sqb + iq * sqm
+    k_b = K + b * skb
+    bias_rows = Bias + b * sbb + iq * sbm
+    qpos = q_offset + iq
+    dq_rows = DQ + b * H * Tq * HS + iq * HS
+    dk_b = DK + b * H * Tk * HS
+    g_rows = DBIAS + b * sgb + iq * sgm
+    dy_rows = DY + b * sdyb + hg * sdyh + iq * sdym
+    v_b = V + b * svb + hg * svh
+    dv_b = DV + b * H * Tk * HS + hg * (Tk * HS)
+    ymask = (hg < H) & (iq < Tq)
+    hm = g * HG + tl.arange(0, HG)[:, None]
     im = m0 + tl.arange(0, BLOCK_M)[None, :]
     # +inf on padded heads and rows: their P is 0, so they add nothing to any gradient
     lse = tl.load(LSE + (b * H + hm) * Tq + im, mask=(hm < H) & (im < Tq), other=float("inf"))
-    k_b = K + b * skb
-    koff = hq * skh + e_mid * ske
-    kmask = (hq < H) & (e_mid < HS)
-    bias_b = Bias + b * sbb
-    boff = hq * sbh + iq * sbm
-    bmask = (hq < H) & (iq < Tq)
-    qpos = q_offset + iq
-    v_b = V + b * svb
-    voff = hq * svh + e_last * sve
-    vmask = (hq < H) & (e_last < HS)
-    kv_b = b * H * Tk * HS + hq * (Tk * HS) + e_last  # into DK and DV, [B, H, Tk, HS]
-    g_b = DBIAS + b * sgb
-    goff = hq * sgh + iq * sgm
-    b1 = tl.load(B1 + dd)
-    b2 = tl.load(B2 + cc)
+    delta = tl.load(DELTA + (b * H + hm) * Tq + im, mask=(hm < H) & (im < Tq), other=0.0)
+    b2g = tl.load(B2 + og)
 
-    pid = b * tl.num_programs(0) + mb
-    dwa_p = DWA + pid * (KS * DP * HP) + w_dh  # this program's row, tap 0
+    pid = (b * GROUPS + g) * tl.num_programs(0) + mb
+    dwa_p = DWA + pid * (KS * DP * HP) + w_dh  # this program's row, tap 0, channels 0 .. DC - 1
     dwb_p = DWB + pid * (KS * DP * HP) + w_dh
-    dw2_p = DW2 + pid * (KS * HP * DP) + w2_hd
-    dq = tl.zeros([HP, BLOCK_M, HSP], tl.float32)
-    db1 = tl.zeros([DP], tl.float32)
-    db2 = tl.zeros([HP], tl.float32)
+    dw2_p = DW2 + pid * (KS * HP * DP) + w2_own
+    db1_p = DB1 + pid * DP + dc
+    db2 = tl.zeros([HG], tl.float32)
     n_end = Tk
     if CAUSAL:
         n_end = tl.minimum(Tk, q_offset + m0 + BLOCK_M)
     for n0 in tl.range(0, n_end, BLOCK_N):
         jn = n0 + jr
         rows = n0 + nr
-        # the logits again, then dL = P (dP - Delta): the gradient of the logits
-        s, a0, b0, kt0 = _logits(q, k_b, koff, kmask, skn, bias_b, boff, bmask, sbn, qpos, jn, Tk, scale,
-                                 WA, WB, W2, b1, b2, w_dh, w2_hd, HP, DP, BLOCK_M, BLOCK_N, KS, PAD,
-                                 A_IN, HAS_B, RES_B, CAUSAL, DT, PREC, SLOPE)
+        # the logits again, then dL = P (dP - Delta), the gradient of the own heads' logits; dv += P^T dy
+        s, a0, b0 = _logits(q_rows, k_b, bias_rows, ha, hg, jn, qpos, iq, sqh, sqe, skh, skn, ske, sbh, sbn,
+                            H, HS, Tq, Tk, scale, WA, WB, W2, B1, b2g, w_dh, w2_own, HP, HG, DP, DC, BLOCK_M,
+                            BLOCK_N, EC, KS, PAD, A_IN, HAS_B, RES_B, CAUSAL, LO, SLOPE)
         p = tl.exp(s - lse[:, :, None])
-        vt = tl.load(v_b + voff + rows * svn, mask=vmask & (rows < Tk), other=0.0)
-        dp = tl.dot(dy.to(DT), tl.permute(vt, (0, 2, 1)).to(DT), input_precision=PREC)
+        pt_lo = _lo(tl.permute(p, (0, 2, 1)), LO)
+        dp = tl.zeros([HG, BLOCK_M, BLOCK_N], tl.float32)
+        vmask = (hg < H) & (rows < Tk)
+        for e0 in tl.range(0, HS, EC):
+            emask = e0 + e_last < HS
+            dye = tl.load(dy_rows + (e0 + e_last) * sdye, mask=ymask & emask, other=0.0)
+            ve = tl.load(v_b + rows * svn + (e0 + e_last) * sve, mask=vmask & emask, other=0.0)
+            dp = tl.dot(_lo(dye, LO), _lo(tl.permute(ve, (0, 2, 1)), LO), dp, input_precision="ieee")
+            dv = tl.dot(pt_lo, _lo(dye, LO), input_precision="ieee")
+            tl.atomic_add(dv_b + rows * HS + e0 + e_last, dv, mask=vmask & emask, sem="relaxed")
         dl = p * (dp - delta[:, :, None])
-        dv = tl.dot(tl.permute(p, (0, 2, 1)).to(DT), dy.to(DT), input_precision=PREC)
-        tl.atomic_add(DV + kv_b + rows * HS, dv, mask=vmask & (rows < Tk), sem="relaxed")
         db2 += tl.sum(tl.sum(dl, 2), 1)
-        dl2 = tl.reshape(dl, [HP, MN])
-        if not A_IN:  # bias_only: A's gradient is the residual's alone (with A_IN it joins f's, below)
-            dq = tl.dot(dl.to(DT), tl.permute(kt0, (0, 2, 1)).to(DT), dq, input_precision=PREC)
-            dk = tl.dot(tl.permute(dl, (0, 2, 1)).to(DT), q.to(DT), input_precision=PREC)
-            tl.atomic_add(DK + kv_b + rows * HS, dk * scale, mask=vmask & (rows < Tk), sem="relaxed")
-        # through f: its hidden map at each key shift u - PAD, then each tap t of the first layer, whose
-        # inputs (and the gradient they get) sit at key shift w = u + t - 2 PAD
+        dl2 = tl.reshape(dl, [HG, MN])
+        # The residual: dL is also the gradient of the own heads' A (and B). With one group it joins f's
+        # share at shift 0 below; otherwise (or without A in f: bias_only) it is scattered on its own
+        if (GROUPS > 1) | (not A_IN):
+            _scatter_qk(dl, hg, q_rows, k_b, dq_rows, dk_b, iq, jn, rows, sqh, sqe, skh, skn, ske, H, HS, Tq, Tk,
+                        scale, EC, LO)
+        if RES_B & NEED_DB & (GROUPS > 1):
+            tl.atomic_add(g_rows + hg * sgh + jn * sgn, dl, mask=(hg < H) & (iq < Tq) & (jn < Tk), sem="relaxed")
+        # Through f: its hidden map at each key shift u - PAD, DC channels at a time, then each tap t of the
+        # first layer, whose inputs (and the gradient they get) sit at key shift w = u + t - 2 PAD. V1 (one
+        # shift, one tap) sums dA and dB over the channel blocks and scatters them once; V2 takes its hidden
+        # channels in one block (constexprs() sees to it), so that it recomputes each tap's inputs only once
         for u in tl.range(0, KS):
-            z = _hidden(u, a0, b0, q, k_b, koff, kmask, skn, bias_b, boff, bmask, sbn, qpos, jn, Tk, scale,
-                        WA, WB, b1, w_dh, HP, DP, BLOCK_M, BLOCK_N, KS, PAD, A_IN, HAS_B, CAUSAL, DT, PREC)
             ok = _hidden_mask(qpos, jn, Tk, u, PAD, BLOCK_M, BLOCK_N, CAUSAL)
-            h = tl.where(ok, tl.where(z > 0, z, z * SLOPE), 0.0)
-            g_w2 = tl.dot(dl2.to(DT), tl.trans(h).to(DT), input_precision=PREC)
-            tl.atomic_add(dw2_p + u * HP * DP, g_w2, sem="relaxed")
-            w2t = tl.load(W2 + u * HP * DP + w2_dh)
-            dh = tl.dot(w2t.to(DT), dl2.to(DT), input_precision=PREC)
-            dz = tl.where(ok, tl.where(z > 0, dh, dh * SLOPE), 0.0)
-            db1 += tl.sum(dz, 1)
-            for t in tl.range(0, KS):
-                if KS == 1:  # V1: the tile's own inputs (V2 recomputes them rather than hold them in the loop)
-                    xa = a0
-                    xb = b0
-                    kt = kt0
-                else:
-                    xa, xb, kt = _inputs(q, k_b, koff, kmask, skn, bias_b, boff, bmask, sbn, qpos,
-                                         jn + (u + t - 2 * PAD), Tk, scale, A_IN, HAS_B, CAUSAL, DT, PREC)
-                ok_w = _valid(qpos, jn + (u + t - 2 * PAD), Tk, CAUSAL)
-                rows_w = rows + (u + t - 2 * PAD)
+            if KS == 1:
+                da1 = tl.zeros([HP, BLOCK_M, BLOCK_N], tl.float32)
+                db1_ = tl.zeros([HP, BLOCK_M, BLOCK_N], tl.float32)
+            for c0 in tl.range(0, DP, DC):
+                z = _hidden(u, c0, a0, b0, q_rows, k_b, bias_rows, ha, jn, qpos, iq, sqh, sqe, skh, skn, ske, sbh,
+                            sbn, H, HS, Tq, Tk, scale, WA, WB, B1, w_dh, HP, DP, DC, BLOCK_M, BLOCK_N, EC, KS, PAD,
+                            A_IN, HAS_B, CAUSAL, LO)
+                h = tl.where(ok, tl.where(z > 0, z, z * SLOPE), 0.0)
+                g_w2 = tl.dot(_lo(dl2, LO), _lo(tl.trans(h), LO), input_precision="ieee")
+                tl.atomic_add(dw2_p + u * HP * DP + c0, g_w2, sem="relaxed")
+                w2t = tl.load(W2 + u * HP * DP + c0 + w2_own_t)
+                dh = tl.dot(_lo(w2t, LO), _lo(dl2, LO), input_precision="ieee")
+                dz = tl.where(ok, tl.where(z > 0, dh, dh * SLOPE), 0.0)
+                tl.atomic_add(db1_p + c0, tl.sum(dz, 1), sem="relaxed")
+                for t in tl.range(0, KS):
+                    if KS == 1:  # V1: the tile's own inputs (V2 recomputes them rather than hold them)
+                        xa = a0
+                        xb = b0
+                    else:
+                        xa, xb = _inputs(q_rows, k_b, bias_rows, ha, jn + (u + t - 2 * PAD), qpos, iq, sqh, sqe, skh,
+                                         skn, ske, sbh, sbn, H, HS, Tq, Tk, scale, HP, BLOCK_M, BLOCK_N, EC, A_IN, HAS_B,
+                                         CAUSAL, LO)
+                    w = u + t - 2 * PAD
+                    ok_w = _valid(qpos, jn + w, Tk, CAUSAL)
+                    own = (u == PAD) & (t == PAD)  # the residual's term (once: other taps reach w = 0 too)
+                    wt = t * DP * HP + c0 * HP
+                    if A_IN:
+                        g_wa = tl.dot(_lo(dz, LO), _lo(tl.trans(tl.reshape(xa, [HP, MN])), LO), input_precision="ieee")
+                        tl.atomic_add(dwa_p + wt, g_wa, sem="relaxed")
+                        wat = tl.load(WA + wt + w_hd)
+                        da = tl.reshape(tl.dot(_lo(wat, LO), _lo(dz, LO), input_precision="ieee"), [HP, BLOCK_M, BLOCK_N])
+                        if KS == 1:
+                            da1 += da
+                        else:
+                            da = tl.where(ok_w, da, 0.0)
+                            if GROUPS == 1:
+                                if own:
+                                    da = da + dl  # the residual A
+                            _scatter_qk(da, ha, q_rows, k_b, dq_rows, dk_b, iq, jn + w, rows + w, sqh, sqe, skh, skn,
+                                        ske, H, HS, Tq, Tk, scale, EC, LO)
+                    if HAS_B:
+                        g_wb = tl.dot(_lo(dz, LO), _lo(tl.trans(tl.reshape(xb, [HP, MN])), LO), input_precision="ieee")
+                        tl.atomic_add(dwb_p + wt, g_wb, sem="relaxed")
+                        if NEED_DB:
+                            wbt = tl.load(WB + wt + w_hd)
+                            dbias = tl.reshape(tl.dot(_lo(wbt, LO), _lo(dz, LO), input_precision="ieee"),
+                                               [HP, BLOCK_M, BLOCK_N])
+                            if KS == 1:
+                                db1_ += dbias
+                            else:
+                                dbias = tl.where(ok_w, dbias, 0.0)
+                                if RES_B & (GROUPS == 1):
+                                    if own:
+                                        dbias = dbias + dl  # the residual B
+                                tl.atomic_add(g_rows + ha * sgh + (jn + w) * sgn, dbias, mask=(ha < H) & (iq < Tq) & ok_w,
+                                              sem="relaxed")
+            if KS == 1:  # V1: f's share of dA and dB, summed over the channel blocks, and the residual's
+                ok_w = _valid(qpos, jn, Tk, CAUSAL)
                 if A_IN:
-                    g_wa = tl.dot(dz.to(DT), tl.trans(tl.reshape(xa, [HP, MN])).to(DT), input_precision=PREC)
-                    tl.atomic_add(dwa_p + t * DP * HP, g_wa, sem="relaxed")
-                    wat = tl.load(WA + t * DP * HP + w_hd)
-                    da = tl.reshape(tl.dot(wat.to(DT), dz.to(DT), input_precision=PREC), [HP, BLOCK_M, BLOCK_N])
-                    da = tl.where(ok_w, da, 0.0)
-                    if (u == PAD) & (t == PAD):
-                        da = da + dl  # the residual A
-                    dq = tl.dot(da.to(DT), tl.permute(kt, (0, 2, 1)).to(DT), dq, input_precision=PREC)
-                    dk = tl.dot(tl.permute(da, (0, 2, 1)).to(DT), q.to(DT), input_precision=PREC)
-                    tl.atomic_add(DK + kv_b + rows_w * HS, dk * scale,
-                                  mask=vmask & (rows_w >= 0) & (rows_w < Tk), sem="relaxed")
-                if HAS_B:
-                    g_wb = tl.dot(dz.to(DT), tl.trans(tl.reshape(xb, [HP, MN])).to(DT), input_precision=PREC)
-                    tl.atomic_add(dwb_p + t * DP * HP, g_wb, sem="relaxed")
-                    if NEED_DB:
-                        wbt = tl.load(WB + t * DP * HP + w_hd)
-                        dbias = tl.dot(wbt.to(DT), dz.to(DT), input_precision=PREC)
-                        dbias = tl.where(ok_w, tl.reshape(dbias, [HP, BLOCK_M, BLOCK_N]), 0.0)
-                        if RES_B:
-                            if (u == PAD) & (t == PAD):
-                                dbias = dbias + dl  # the residual B
-                        tl.atomic_add(g_b + goff + (jn + (u + t - 2 * PAD)) * sgn, dbias, mask=bmask & ok_w,
-                                      sem="relaxed")
+                    da1 = tl.where(ok_w, da1, 0.0)
+                    if GROUPS == 1:
+                        da1 = da1 + dl
+                    _scatter_qk(da1, ha, q_rows, k_b, dq_rows, dk_b, iq, jn, rows, sqh, sqe, skh, skn, ske, H, HS,
+                                Tq, Tk, scale, EC, LO)
+                if HAS_B & NEED_DB:
+                    db1_ = tl.where(ok_w, db1_, 0.0)
+                    if RES_B & (GROUPS == 1):
+                        db1_ = db1_ + dl
+                    tl.atomic_add(g_rows + ha * sgh + jn * sgn, db1_, mask=(ha < H) & (iq < Tq) & ok_w, sem="relaxed")
 
-    tl.store(DQ + b * H * Tq * HS + hq * (Tq * HS) + iq * HS + e_last, dq * scale, mask=qmask)
-    tl.store(DB1 + pid * DP + dd, db1)
-    tl.store(DB2 + pid * HP + cc, db2)
+    tl.store(DB2 + pid * HP + og, db2)
 
 
 # ---------------------------------------------------------------------------------------------------------
 # the Python side
 
 
-def unavailable(x=None):
-    """Why the kernels cannot run on x, or None when they can. x: q [B, H, T, hs] (then its device, and
-    whether its heads fit one program), or a device (None: CUDA). They run compiled on CUDA, or on any
-    tensors under Triton's interpreter (TRITON_INTERPRET=1, on host copies)."""
+def unavailable(x=None, width=None, kernel_size=1):
+    """Why the kernels cannot run on x, or None when they can. x: q [B, H, T, hs] (then its device, dtype
+    and head shape count), or a device (None: CUDA); width and kernel_size: f's hidden width D and kernel k,
+    when known. They run compiled on CUDA, or on any tensors under Triton's interpreter (TRITON_INTERPRET=1,
+    on host copies)."""
     if triton is None:
         return _IMPORT_ERROR
     device = x.device if isinstance(x, torch.Tensor) else torch.device(x if x is not None else "cuda")
@@ -449,12 +566,27 @@ def unavailable(x=None):
     if device.type != "cuda":
         return (f"tensors on {device.type} (the compiled kernels need CUDA; Triton's interpreter, "
                 f"TRITON_INTERPRET=1, runs them on the CPU)")
-    if isinstance(x, torch.Tensor) and x.dim() == 4 and x.dtype in MAX_HEAD_TILE:
-        H, hs = x.shape[1], x.shape[3]
-        if _pow2(H) > MAX_HEADS or _pow2(H) * _pow2(hs) > MAX_HEAD_TILE[x.dtype]:
-            return (f"{H} heads of size {hs} in {x.dtype} (padded {_pow2(H)} x {_pow2(hs)}: one program holds "
-                    f"all heads, and past {MAX_HEADS} heads or {MAX_HEAD_TILE[x.dtype]} padded the tiles do not "
-                    f"fit on chip)")
+    if isinstance(x, torch.Tensor) and x.dim() == 4:
+        major, minor = torch.cuda.get_device_capability(device)
+        return refused(10 * major + minor, x.dtype, x.shape[1], x.shape[3], width, kernel_size)
+    return None
+
+
+def refused(arch, dtype, n_head, head_size, width=None, kernel_size=1):
+    """Why the compiled kernels decline heads of this shape (and f of this width and kernel) in dtype on a
+    GPU of compute capability arch (86 for 8.6), or None. Past MAX_* the tiles were never compiled and
+    checked; float32 tiles take twice the shared memory of 16-bit ones, and with more than 16 heads, or V2
+    with f wider than 32, no longer fit a block of the GPUs that have less than 160 KB per block (compiled
+    for each: bench.py --sections=fit)."""
+    if _pow2(n_head) > MAX_HEADS or _pow2(head_size) > MAX_HEAD_SIZE:
+        return (f"{n_head} heads of size {head_size} (one program holds the logits of every head: at most "
+                f"{MAX_HEADS} heads of size up to {MAX_HEAD_SIZE})")
+    if width is not None and _pow2(width) > MAX_WIDTH:
+        return f"f's width D = {width} (the compiled kernels hold at most {MAX_WIDTH} on chip)"
+    limit = SHARED_KB.get(arch, min(SHARED_KB.values()))
+    if dtype == torch.float32 and limit < 160 and (_pow2(n_head) > 16 or (kernel_size > 1 and _pow2(width or 1) > 32)):
+        return (f"float32 with {n_head} heads{f', V2 and D = {width}' if kernel_size > 1 else ''} on sm_{arch}, "
+                f"whose {limit} KB of shared memory per block it does not fit (bfloat16 or float16 does)")
     return None
 
 
@@ -467,7 +599,16 @@ def _pow2(n, least=16):
     return max(least, 1 << max(0, int(n) - 1).bit_length())
 
 
-def _check(q, k, v, bias, w1, b1, w2, b2, variant, causal, q_offset, scale, block_m, block_n):
+def launch_config(device=None):
+    """The launch settings (a CONFIGS entry) for a CUDA device, or the interpreter's."""
+    if _interpreting() or device is None or torch.device(device).type != "cuda":
+        return dict(INTERPRETER_CONFIG)
+    cap = torch.cuda.get_device_capability(device)
+    below = [c for c in sorted(CONFIGS) if c <= cap]
+    return dict(CONFIGS[below[-1] if below else min(CONFIGS)])
+
+
+def _check(q, k, v, bias, w1, b1, w2, b2, variant, causal, q_offset, scale, config):
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"{name} must be a 4-D tensor [B, H, T, head_size], got "
@@ -520,14 +661,17 @@ def _check(q, k, v, bias, w1, b1, w2, b2, variant, causal, q_offset, scale, bloc
         raise ValueError(f"q_offset must be an int >= 0 (the position of the first query), got {q_offset!r}")
     if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
         raise ValueError(f"scale must be a finite number or None, got {scale!r}")
-    for name, blk in (("block_m", block_m), ("block_n", block_n)):
-        if blk < 16 or blk & (blk - 1):
-            raise ValueError(f"{name} must be a power of two >= 16, got {blk}")
-    why = unavailable(q)
+    if config is not None:
+        unknown = set(config) - set(INTERPRETER_CONFIG)
+        if unknown:
+            raise ValueError(f"config: unknown keys {sorted(unknown)}; known: {sorted(INTERPRETER_CONFIG)}")
+        for key in ("block_m", "block_n", "ec", "ev", "hg", "dc"):
+            val = config.get(key, 16)
+            if not isinstance(val, int) or val < 16 or val & (val - 1):
+                raise ValueError(f"config[{key!r}] must be a power of two >= 16, got {val!r}")
+    why = unavailable(q, D, ks)
     if why is not None:
         raise ValueError(f"dape_triton cannot run here: {why}")
-    if not _interpreting() and _pow2(D) > MAX_WIDTH:
-        raise ValueError(f"f's width D = {D} is more than the compiled kernels hold on chip (at most {MAX_WIDTH})")
 
 
 def _split(w1, variant, H, has_bias):
@@ -548,18 +692,43 @@ def _pad(w, R, C):
     return out
 
 
+def lowering(dtype):
+    """The kernels' LO constexpr for inputs of this dtype: the products' operand dtype (see _lo)."""
+    if dtype == torch.float32:
+        return "fp32"
+    if dtype == torch.float16:
+        return "fp16"
+    return "bf16-emulated" if _interpreting() else "bf16"
+
+
+def constexprs(H, hs, D, ks, variant, has_bias, causal, dtype, config):
+    """The compile-time constants of both kernels (the backward's NEED_DB aside) for these shapes, the
+    variant and a launch config; with the number of head groups and of v chunks (the grid's third axis)."""
+    HP, DP, HSP = _pow2(H), _pow2(D), _pow2(hs)
+    HG = min(HP, config["hg"])
+    EV = min(HSP, config["ev"])
+    # V2 recomputes each tap's inputs per block of hidden channels: one block
+    DC = DP if ks > 1 else min(DP, config["dc"])
+    const = dict(HP=HP, HG=HG, EC=min(HSP, config["ec"]), EV=EV, DP=DP, DC=DC, BLOCK_M=config["block_m"],
+                 BLOCK_N=config["block_n"], KS=ks, PAD=ks // 2, A_IN=not (has_bias and variant == "bias_only"),
+                 HAS_B=has_bias, RES_B=has_bias and variant != "concat",
+                 CAUSAL=causal, LO=lowering(dtype), SLOPE=SLOPE)
+    return const, HP // HG, -(-hs // EV)
+
+
 class _Config:
-    def __init__(self, variant, causal, q_offset, scale, block_m, block_n):
+    def __init__(self, variant, causal, q_offset, scale, launch):
         self.variant, self.causal, self.q_offset, self.scale = variant, causal, q_offset, scale
-        self.block_m, self.block_n = block_m, block_n
+        self.launch = launch
 
 
 def _params(q, bias, w1, b1, w2, b2, cfg):
     """The padded weights and the constexprs shared by both kernels."""
     Bn, H, Tq, hs = q.shape
     D, _, ks = w1.shape
-    HP, DP, HSP = _pow2(H), _pow2(D), _pow2(hs)
     has_b = bias is not None
+    const, groups, n_v = constexprs(H, hs, D, ks, cfg.variant, has_b, cfg.causal, q.dtype, cfg.launch)
+    HP, DP = const["HP"], const["DP"]
     wa, wb = _split(w1, cfg.variant, H, has_b)
     zero = torch.zeros(ks, DP, HP, dtype=torch.float32, device=q.device)
     WA = _pad(wa, DP, HP) if wa is not None else zero
@@ -569,21 +738,10 @@ def _params(q, bias, w1, b1, w2, b2, cfg):
     B1[:D] = b1.detach()
     B2 = torch.zeros(HP, dtype=torch.float32, device=q.device)
     B2[:H] = b2.detach()
-    const = dict(HP=HP, HSP=HSP, DP=DP, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, KS=ks, PAD=ks // 2,
-                 A_IN=wa is not None, HAS_B=has_b, RES_B=has_b and cfg.variant != "concat",
-                 CAUSAL=cfg.causal, SLOPE=SLOPE, **_dot_dtype(q.dtype))
-    return (WA, WB, W2, B1, B2), const
+    return (WA, WB, W2, B1, B2), const, groups, n_v
 
 
-def _dot_dtype(dtype):
-    """The kernels' tl.dot operand dtype DT and input_precision PREC: exact float32 products for float32
-    inputs (no TF32); for float16 / bfloat16 PREC has no effect."""
-    if dtype == torch.float32:
-        return dict(DT=tl.float32, PREC="ieee")
-    return dict(DT=tl.float16 if dtype == torch.float16 else tl.bfloat16, PREC="tf32")
-
-
-def _bias_strides(bias, Bn):
+def _bias_strides(bias):
     """Strides (batch, head, query, key) of a bias map; batch stride 0 when the batch shares it."""
     if bias.dim() == 3:
         return (0,) + tuple(bias.stride())
@@ -591,23 +749,75 @@ def _bias_strides(bias, Bn):
     return (sb,) + tuple(bias.stride()[1:])
 
 
+def _launch_options(cfg):
+    """num_warps, num_stages, maxnreg (None: ptxas chooses); FMA contraction as Triton has always done
+    (stated, so that Triton 3.9 does not warn about its default)."""
+    opts = dict(num_warps=cfg.launch["warps"], num_stages=cfg.launch["stages"], enable_fp_fusion=True)
+    if cfg.launch["maxnreg"]:
+        opts["maxnreg"] = cfg.launch["maxnreg"]
+    return opts
+
+
+def _host_dtype(t, const):
+    """Under the bfloat16 emulation the kernels read and write float32 (the values stay bfloat16's)."""
+    return t.float() if const["LO"] == "bf16-emulated" else t
+
+
+def _forward_launch(q, k, v, bias, w1, b1, w2, b2, cfg):
+    """The forward kernel's grid, arguments and keywords, and its outputs y and lse (filled by the launch)."""
+    Bn, H, Tq, hs = q.shape
+    Tk = k.shape[2]
+    weights, const, groups, n_v = _params(q, bias, w1, b1, w2, b2, cfg)
+    qx, kx, vx = (_host_dtype(t, const) for t in (q, k, v))
+    y = torch.empty(Bn, H, Tq, hs, dtype=vx.dtype, device=q.device)
+    lse = torch.empty(Bn, H, Tq, dtype=torch.float32, device=q.device)
+    bias_arg = bias if bias is not None else q  # never read without HAS_B
+    sb = _bias_strides(bias) if bias is not None else (0, 0, 0, 0)
+    grid = (triton.cdiv(Tq, const["BLOCK_M"]), Bn, groups * n_v)
+    args = (qx, kx, vx, bias_arg, *weights, y, lse, *qx.stride(), *kx.stride(), *vx.stride(), *sb, *y.stride(),
+            H, hs, Tq, Tk, cfg.q_offset, cfg.scale)
+    return grid, args, dict(_launch_options(cfg), **const), (y, lse)
+
+
+def _backward_launch(q, k, v, bias, w1, b1, w2, b2, y, lse, dy, need_db, cfg):
+    """The backward kernel's grid, arguments and keywords, and the float32 buffers it adds the gradients to:
+    dq, dk, dv, dbias (None without need_db), and the per-program rows of dwa, dwb, dw2, db1, db2."""
+    Bn, H, Tq, hs = q.shape
+    Tk = k.shape[2]
+    D, _, ks = w1.shape
+    weights, const, groups, _ = _params(q, bias, w1, b1, w2, b2, cfg)
+    HP, DP = const["HP"], const["DP"]
+    delta = (dy.float() * y.float()).sum(-1)  # [B, H, Tq], FlashAttention-2's D
+    qx, kx, vx, dyx = (_host_dtype(t, const) for t in (q, k, v, dy))
+    n_m = triton.cdiv(Tq, const["BLOCK_M"])
+    progs = n_m * Bn * groups
+    f32 = dict(dtype=torch.float32, device=q.device)
+    dq = torch.zeros(Bn, H, Tq, hs, **f32)
+    dk = torch.zeros(Bn, H, Tk, hs, **f32)
+    dv = torch.zeros(Bn, H, Tk, hs, **f32)
+    dbias, sg = None, (0, 0, 0, 0)
+    if need_db:
+        dbias = torch.zeros(bias.shape, **f32)
+        shared = bias.dim() == 3 or bias.shape[0] == 1
+        sg = (0,) + tuple(dbias.stride()[-3:]) if shared else tuple(dbias.stride())
+    rows = [torch.zeros(progs, ks, DP, HP, **f32), torch.zeros(progs, ks, DP, HP, **f32),
+            torch.zeros(progs, ks, HP, DP, **f32), torch.zeros(progs, DP, **f32), torch.zeros(progs, HP, **f32)]
+    bias_arg = bias if bias is not None else q
+    sb = _bias_strides(bias) if bias is not None else (0, 0, 0, 0)
+    args = (qx, kx, vx, bias_arg, *weights, dyx, lse, delta, dq, dk, dv, dbias if need_db else dq, *rows,
+            *qx.stride(), *kx.stride(), *vx.stride(), *sb, *dyx.stride(), *sg, H, hs, Tq, Tk, cfg.q_offset, cfg.scale)
+    const = {name: val for name, val in const.items() if name != "EV"}
+    return (n_m, Bn, groups), args, dict(_launch_options(cfg), NEED_DB=need_db, **const), (dq, dk, dv, dbias, *rows)
+
+
 class _Attention(torch.autograd.Function):
 
     @staticmethod
     @torch.amp.custom_fwd(device_type="cuda")
     def forward(ctx, q, k, v, bias, w1, b1, w2, b2, cfg):
-        Bn, H, Tq, hs = q.shape
-        Tk = k.shape[2]
-        weights, const = _params(q, bias, w1, b1, w2, b2, cfg)
-        y = torch.empty(Bn, H, Tq, hs, dtype=v.dtype, device=q.device)
-        lse = torch.empty(Bn, H, Tq, dtype=torch.float32, device=q.device)
-        bias_arg = bias if bias is not None else q  # never read without HAS_B
-        sb = _bias_strides(bias, Bn) if bias is not None else (0, 0, 0, 0)
-        grid = (triton.cdiv(Tq, cfg.block_m), Bn)
-        _forward[grid](q, k, v, bias_arg, *weights, y, lse,
-                       *q.stride(), *k.stride(), *v.stride(), *sb, *y.stride(),
-                       H, hs, Tq, Tk, cfg.q_offset, cfg.scale, num_warps=NUM_WARPS,
-                       num_stages=NUM_STAGES, maxnreg=MAX_REGISTERS, **const)
+        grid, args, kw, (y, lse) = _forward_launch(q, k, v, bias, w1, b1, w2, b2, cfg)
+        _forward[grid](*args, **kw)
+        y = y.to(v.dtype)
         ctx.save_for_backward(q, k, v, bias, w1, b1, w2, b2, y, lse)
         ctx.cfg = cfg
         return y
@@ -617,36 +827,11 @@ class _Attention(torch.autograd.Function):
     def backward(ctx, dy):
         q, k, v, bias, w1, b1, w2, b2, y, lse = ctx.saved_tensors
         cfg = ctx.cfg
-        Bn, H, Tq, hs = q.shape
-        Tk = k.shape[2]
-        D, _, ks = w1.shape
-        weights, const = _params(q, bias, w1, b1, w2, b2, cfg)
-        HP, DP = const["HP"], const["DP"]
-        n_m = triton.cdiv(Tq, cfg.block_m)
-        progs = n_m * Bn
-        f32 = dict(dtype=torch.float32, device=q.device)
-        dq = torch.empty(Bn, H, Tq, hs, **f32)
-        dk = torch.zeros(Bn, H, Tk, hs, **f32)
-        dv = torch.zeros(Bn, H, Tk, hs, **f32)
+        H, D = q.shape[1], w1.shape[0]
         need_db = bias is not None and ctx.needs_input_grad[3]
-        shared = bias is not None and (bias.dim() == 3 or bias.shape[0] == 1)
-        if need_db:
-            dbias = torch.zeros(bias.shape, **f32)
-            sg = (0,) + tuple(dbias.stride()[-3:]) if shared else tuple(dbias.stride())
-        else:
-            dbias, sg = dq, (0, 0, 0, 0)  # never written
-        dwa = torch.zeros(progs, ks, DP, HP, **f32)
-        dwb = torch.zeros(progs, ks, DP, HP, **f32)
-        dw2 = torch.zeros(progs, ks, HP, DP, **f32)
-        db1 = torch.empty(progs, DP, **f32)
-        db2 = torch.empty(progs, HP, **f32)
-        bias_arg = bias if bias is not None else q
-        sb = _bias_strides(bias, Bn) if bias is not None else (0, 0, 0, 0)
-        _backward[(n_m, Bn)](q, k, v, bias_arg, *weights, y, dy, lse,
-                             dq, dk, dv, dbias, dwa, dwb, dw2, db1, db2,
-                             *q.stride(), *k.stride(), *v.stride(), *sb, *y.stride(), *dy.stride(), *sg,
-                             H, hs, Tq, Tk, cfg.q_offset, cfg.scale, num_warps=NUM_WARPS,
-                             num_stages=NUM_STAGES, maxnreg=MAX_REGISTERS, NEED_DB=need_db, **const)
+        grid, args, kw, out = _backward_launch(q, k, v, bias, w1, b1, w2, b2, y, lse, dy.to(v.dtype), need_db, cfg)
+        _backward[grid](*args, **kw)
+        dq, dk, dv, dbias, dwa, dwb, dw2, db1, db2 = out
         # the weights' gradients, back from the padded (Wa, Wb) split to w1's layout
         g_wa = dwa.sum(0)[:, :D, :H].permute(1, 2, 0)
         g_wb = dwb.sum(0)[:, :D, :H].permute(1, 2, 0)
@@ -659,13 +844,12 @@ class _Attention(torch.autograd.Function):
         else:  # bias_only
             dw1 = g_wb
         dw2_ = dw2.sum(0)[:, :H, :D].permute(1, 2, 0)
-        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dbias if need_db else None,
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dbias,
                 dw1.to(w1.dtype), db1.sum(0)[:D].to(b1.dtype), dw2_.to(w2.dtype), db2.sum(0)[:H].to(b2.dtype),
                 None)
 
 
-def attention(q, k, v, bias, w1, b1, w2, b2, variant, causal, q_offset=0, scale=None, *,
-              block_m=BLOCK_M, block_n=BLOCK_N):
+def attention(q, k, v, bias, w1, b1, w2, b2, variant, causal, q_offset=0, scale=None, *, config=None):
     """softmax(mask(A + [B] + f(A, B))) @ v for all heads of a layer, f being DAPE's (dape.py), fused.
 
     q [B, H, Tq, hs]; k, v [B, H, Tk, hs] (float32, or float16 / bfloat16 under autocast; one dtype).
@@ -675,12 +859,194 @@ def attention(q, k, v, bias, w1, b1, w2, b2, variant, causal, q_offset=0, scale=
     bias, else H. variant: one of VARIANTS. causal: key j is masked for query row i when j > q_offset + i
     (q_offset: the position of the first query, for blocks of queries and KV-cache steps). scale: of A,
     1 / sqrt(hs) by default. Returns y [B, H, Tq, hs] in v's dtype; differentiable in q, k, v, bias and
-    the weights. block_m, block_n: the tile (powers of two >= 16)."""
-    _check(q, k, v, bias, w1, b1, w2, b2, variant, causal, q_offset, scale, block_m, block_n)
+    the weights. config: launch settings overriding launch_config(q.device)'s (keys of CONFIGS' entries)."""
+    _check(q, k, v, bias, w1, b1, w2, b2, variant, causal, q_offset, scale, config)
     _build()
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    cfg = _Config(variant, causal, int(q_offset), float(scale), block_m, block_n)
+    launch = dict(launch_config(q.device), **(config or {}))
+    cfg = _Config(variant, causal, int(q_offset), float(scale), launch)
     # float32 bias and weights outside the Function, so that autograd casts their gradients back
     bias = bias.float() if bias is not None else None
     return _Attention.apply(q, k, v, bias, w1.float(), b1.float(), w2.float(), b2.float(), cfg)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# trusting the kernels on a GPU they have never run on
+
+# How far the kernels' output and gradients may be from the float32 PyTorch path in the self-check: the
+# root-mean-square of the difference, as a fraction of the tensor's own (at least 1% of the largest of
+# all). float32 agrees to rounding (1e-6 measured under the interpreter); float16 and bfloat16 round every
+# product's operands, through two layers of f, the softmax and their gradients (up to 0.03 and 0.07
+# measured, random weights, 4 and 12 heads, V1 and V2). A broken kernel is off by the tensor's own size.
+TOLERANCE = {torch.float32: 1e-3, torch.float16: 0.1, torch.bfloat16: 0.2}
+_CHECKS = {}  # kind of call -> None (the kernels agreed) or why they cannot be used for it
+
+
+def self_check(module, q, has_bias, bias_grad, causal):
+    """None when the kernels can be trusted for calls like this one, else why not. module: the layer's DAPE
+    module (dape.py: weights(), variant, probs()); q: the call's queries (device, dtype, heads, head size);
+    has_bias, bias_grad: the call passes a bias map, which needs its gradient; causal.
+
+    The first call of each kind (those, and whether autograd records) runs the kernels at a tiny size on
+    random inputs, a whole sequence and one KV-cache step, and compares the output and, when autograd
+    records, the gradient of every input and of the module's parameters with the module's PyTorch path
+    (softmax(module.probs(A, bias)) @ v) in float32, within TOLERANCE. Any exception (a compile error,
+    OutOfResources: more shared memory than the GPU has, a failed launch) or a mismatch is the answer for
+    every later call of that kind."""
+    w1 = module.weights()[0]
+    train = torch.is_grad_enabled()
+    key = (str(q.device), q.dtype, q.shape[1], q.shape[3], tuple(w1.shape), module.variant, has_bias, bias_grad,
+           causal, train)
+    if key not in _CHECKS:
+        try:
+            _CHECKS[key] = _compare(module, q, has_bias, bias_grad, causal, train)
+        except Exception as e:  # whatever stops the kernels here stops them for every call of the kind
+            text = str(e).strip()
+            _CHECKS[key] = f"{type(e).__name__}" + (f": {text.splitlines()[-1][:300]}" if text else "")
+    return _CHECKS[key]
+
+
+def _compare(module, q, has_bias, bias_grad, causal, train, Bn=2, T=35):
+    """self_check's comparison: None or the first disagreement."""
+    device, dtype, H, hs = q.device, q.dtype, q.shape[1], q.shape[3]
+    g = torch.Generator().manual_seed(0)
+    rnd = lambda *shape: torch.randn(*shape, generator=g).to(device)
+    q, k, v = (rnd(Bn, T, H, hs).to(dtype).transpose(1, 2) for _ in range(3))  # as the model lays them out
+    bias = rnd(H, T, T) if has_bias else None
+    future = torch.ones(T, T, dtype=torch.bool, device=device).triu(1) if causal else None
+    params = list(module.parameters())
+
+    def pytorch(q, k, v, bias, rows):
+        A = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(hs)
+        mask = None if future is None else future[rows]
+        return module.probs(A, bias, mask) @ v.float()
+
+    with torch.autocast(device.type, enabled=False), torch.set_grad_enabled(train):
+        # a KV-cache step: the last query against every key
+        last = slice(T - 1, T)
+        got = attention(q[:, :, last], k, v, None if bias is None else bias[:, last], *module.weights(),
+                        module.variant, causal, q_offset=T - 1)
+        want = pytorch(q[:, :, last], k, v, None if bias is None else bias[:, last], last)
+        why = _disagreement("y (one KV-cache step)", [got], [want], dtype)
+        if why is not None:
+            return why
+        # a whole sequence, and the gradients
+        leaves = [t.detach().requires_grad_(train) for t in (q, k, v)]
+        if bias is not None:
+            leaves.append(bias.detach().requires_grad_(train and bias_grad))
+        results = []
+        for fn in (lambda: attention(*leaves[:3], leaves[3] if bias is not None else None, *module.weights(),
+                                     module.variant, causal),
+                   lambda: pytorch(*leaves[:3], leaves[3] if bias is not None else None, slice(None))):
+            y = fn()
+            out = [y.detach().float()]
+            if train:
+                wrt = [t for t in leaves if t.requires_grad] + params
+                G = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(device)
+                out += [t.float() for t in torch.autograd.grad((y.float() * G).sum(), wrt)]
+            results.append(out)
+    names = ["y", "dq", "dk", "dv"] + (["dbias"] if bias_grad and bias is not None else []) + \
+            [f"d{name}" for name, _ in module.named_parameters()]
+    # b2's gradient is zero in truth (a constant per head, under the softmax): only its size is compared
+    zero = [False] * (len(names) - len(params)) + [p is module.weights()[3] for p in params]
+    return _disagreement(names, *results, dtype, zero)
+
+
+def _disagreement(names, got, want, dtype, zero=None):
+    """None, or which tensor of `got` differs from `want` by more than TOLERANCE[dtype] (see there), or is
+    not finite. zero: tensors that are zero in truth, compared with the largest of all."""
+    names = [names] if isinstance(names, str) else names
+    rms = lambda t: t.norm().item() / t.numel() ** 0.5
+    top = max(rms(w) for w in want)
+    for i, (name, a, b) in enumerate(zip(names, got, want)):
+        if not torch.isfinite(a).all():
+            return f"{name} is not finite"
+        err = rms(a - b) / (top if zero and zero[i] else max(rms(b), 1e-2 * top))
+        if not err <= TOLERANCE[dtype]:
+            return (f"{name} differs from the PyTorch path by {err:.2g} of its size (root mean square; "
+                    f"tolerance {TOLERANCE[dtype]:g} in {str(dtype).removeprefix('torch.')})")
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# compiling for a GPU without one: what each kernel needs of an architecture
+
+
+def compile_for(arch, dtype, n_head, head_size, width, kernel_size, variant="concat_residual", bias=True,
+                causal=True, config=None, T=256, batch=2):
+    """Compile both kernels for an NVIDIA architecture (arch: 80, 86, 89, 90) with Triton's compiler and
+    ptxas, which need no GPU, specialized exactly as a launch of the model's attention on [batch, n_head, T,
+    head_size] inputs of dtype would be (q and k, v transposed views of [batch, T, n_head, head_size], a bias
+    map [H, T, T] shared by the batch). config: launch settings (default: CONFIGS' entry for arch). Returns
+    {"forward": ..., "backward": ...}, each with shared (bytes of shared memory per block), registers (per
+    thread), spill_stores and spill_loads (bytes per thread) as ptxas reports them, and mma (tensor-core
+    instructions in the SASS). Needs the kernels compiled, not interpreted: run without TRITON_INTERPRET."""
+    import contextlib
+    import io
+    import os
+    import re
+    import subprocess
+    import tempfile
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    if triton is None:
+        raise RuntimeError(_IMPORT_ERROR)
+    if _build() != "compile":
+        raise RuntimeError("compile_for needs the kernels compiled: run it without TRITON_INTERPRET=1")
+    launch = dict(CONFIGS[(arch // 10, arch % 10)], **(config or {}))
+    g = torch.Generator().manual_seed(0)
+    qkv = [torch.randn(batch, T, n_head, head_size, generator=g).to(dtype).transpose(1, 2) for _ in range(3)]
+    q, k, v = qkv
+    B = torch.randn(n_head, T, T, generator=g) if bias else None
+    c_in = 2 * n_head if bias and variant in ("concat_residual", "concat") else n_head
+    w1, b1 = torch.randn(width, c_in, kernel_size, generator=g), torch.randn(width, generator=g)
+    w2, b2 = torch.randn(n_head, width, kernel_size, generator=g), torch.randn(n_head, generator=g)
+    cfg = _Config(variant, causal, 0, 1.0 / math.sqrt(head_size), launch)
+    y, lse = torch.empty_like(q), torch.empty(batch, n_head, T)
+    launches = {"forward": (_forward, _forward_launch(q, k, v, B, w1, b1, w2, b2, cfg)[:3]),
+                "backward": (_backward, _backward_launch(q, k, v, B, w1, b1, w2, b2, y, lse, y.clone(), bias, cfg)[:3])}
+    target = GPUTarget("cuda", arch, 32)
+    backend = make_backend(target)
+    cuobjdump = triton.knobs.nvidia.cuobjdump.path
+    out = {}
+    for name, (kernel, (_, args, kw)) in launches.items():
+        binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+        bound, specialization, options = binder(*args, **kw)
+        options, signature, constexprs, attrs = kernel._pack_args(backend, kw, bound, specialization, options)
+        log = io.StringIO()
+        with triton.knobs.nvidia.scope(), triton.knobs.compilation.scope(), contextlib.redirect_stdout(log):
+            triton.knobs.nvidia.dump_ptxas_log = True  # ptxas -v's report, printed
+            triton.knobs.compilation.always_compile = True  # a cached kernel would print nothing
+            compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
+                                      options=options.__dict__)
+        report = log.getvalue()
+        regs = re.search(r"Used (\d+) registers", report)
+        spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
+        if regs is None or spills is None:
+            raise RuntimeError(f"no ptxas report for {name} kernel: {report[-2000:]}")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "kernel.cubin")
+            with open(path, "wb") as f:
+                f.write(compiled.asm["cubin"])
+            sass = subprocess.run([cuobjdump, "-sass", path], capture_output=True, text=True, check=True).stdout
+        mma = len(re.findall(r"\b(?:HMMA|HGMMA)\b", sass))
+        out[name] = dict(shared=compiled.metadata.shared, registers=int(regs.group(1)),
+                         spill_stores=int(spills.group(1)), spill_loads=int(spills.group(2)), mma=mma)
+    return out
+
+
+
+def source_hash():
+    """A fingerprint of everything that decides what the compiled kernels are: their source, the launch
+    settings and how the launches are built, and Triton's version. Tables of compiled kernels (bench.py
+    --sections=fit) record it, so that a test can tell when they describe other kernels."""
+    import hashlib
+    import inspect
+    parts = [inspect.getsource(globals()[name].fn if hasattr(globals()[name], "fn") else globals()[name])
+             for name in _JIT_NAMES]
+    parts += [inspect.getsource(f) for f in (constexprs, _launch_options, _forward_launch, _backward_launch, _params)]
+    parts += [repr(sorted(CONFIGS.items())), triton.__version__ if triton is not None else ""]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]

@@ -22,6 +22,7 @@ import inspect
 import math
 import warnings
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 import torch.nn as nn
@@ -199,26 +200,27 @@ class SelfAttention(nn.Module):
         return ys[0] if len(ys) == 1 else torch.cat(ys, dim=2)
 
     def fused(self, q, pe):
-        """Whether DAPE runs in dape_triton.py's fused kernel. dape_impl='auto': on CUDA when Triton
-        imports, for the encodings whose bias does not depend on the content, without attention dropout
-        in training and outside torch.compile; anything else takes the PyTorch path, saying why once.
-        'triton': the kernel or an error; 'torch': never."""
-        if self.dape is None or self.dape_impl == "torch" or (self.dape_impl == "auto" and q.device.type != "cuda"):
+        """Whether DAPE runs in dape_triton.py's fused kernel. dape_impl='auto': on the devices of FUSED_DEVICES
+        (CUDA) when Triton imports, for the encodings whose bias does not depend on the content, without
+        attention dropout in training, outside torch.compile, and once the kernel has passed its self-check
+        for this kind of call (dape_triton.self_check: a tiny run against the PyTorch path); anything else
+        takes the PyTorch path, saying why once. 'triton': the kernel or an error; 'torch': never."""
+        if self.dape is None or self.dape_impl == "torch" or (self.dape_impl == "auto"
+                                                              and q.device.type not in FUSED_DEVICES):
             return False
-        why = None
-        if pe.contextual or pe.needs_content:
-            why = f"pos={self.pos} (its logits depend on the content)"
-        elif self.dropout and self.training:
-            why = "attention dropout in training"
-        elif torch.compiler.is_compiling():
-            why = "torch.compile (the kernel runs in eager mode)"
-        else:
-            why = _triton_missing(q)
+        why = fused_unsupported(self.pos, self.dropout if self.training else 0.0, torch.compiler.is_compiling())
+        if why is None:
+            why = _triton_missing(q, self.dape)
+        if why is None:
+            bias_grad = pe.has_bias and torch.is_grad_enabled() and any(p.requires_grad for p in pe.parameters())
+            failed = dape_triton.self_check(self.dape, q, pe.has_bias, bias_grad, self.causal)
+            if failed is not None:
+                why = f"its self-check on this device ({failed})"
         if why is None:
             return True
         if self.dape_impl == "triton":
             raise ValueError(f"dape_impl='triton' cannot run here: {why}; use dape_impl='auto' or 'torch'")
-        warnings.warn(f"DAPE's fused kernel does not cover {why}: using the PyTorch path")
+        warn_once(f"DAPE's fused kernel does not cover {why}: using the PyTorch path")
         return False
 
     def scores(self, q, k, pe, pos_q, pos_k, qi, ki):
@@ -291,17 +293,57 @@ class SelfAttention(nn.Module):
 
 
 dape_triton = None  # imported when first needed: Triton is a CUDA-only dependency
+# Where dape_impl='auto' puts DAPE in the fused kernel: CUDA. (Under Triton's interpreter the kernel also
+# runs on CPU tensors, slowly: the tests add "cpu" here to check what auto does.)
+FUSED_DEVICES = ("cuda",)
 
 
-def _triton_missing(q):
-    """Why dape_triton.py cannot run on q's device, or None."""
+def fused_unsupported(pos, dropout, compiling):
+    """Why the fused kernel cannot compute attention with the encoding `pos` (a name of ENCODINGS), attention
+    dropout (training) and under torch.compile, whatever the device, or None."""
+    if ENCODINGS[pos].contextual or ENCODINGS[pos].needs_content:
+        return f"pos={pos} (its logits depend on the content)"
+    if dropout:
+        return "attention dropout in training"
+    if compiling:
+        return "torch.compile (the kernel runs in eager mode)"
+    return None
+
+
+def _triton_missing(q, dape=None):
+    """Why dape_triton.py cannot run on q (its device, dtype and heads; with dape, f's width and kernel), or None."""
     global dape_triton
     if dape_triton is None:
         try:
             import dape_triton
         except ImportError as e:
             return f"a machine without Triton ({e})"
-    return dape_triton.unavailable(q)
+    if dape is None:
+        return dape_triton.unavailable(q)
+    return dape_triton.unavailable(q, dape.width, dape.kernel)
+
+
+def fused_kernel_problem(config, device, dtype, compiling=False):
+    """Why dape_impl='triton' cannot train this model on device in dtype (torch.compile'd or not), or None:
+    what train.py checks before it starts. (The kernel's self-check runs at its first call.)"""
+    if config.dape == "none" or config.dape_impl != "triton":
+        return None
+    why = fused_unsupported(config.pos, config.dropout, compiling)
+    if why is None:
+        q = torch.empty(1, config.n_head, 1, config.n_embd // config.n_head, dtype=dtype, device=device)
+        why = _triton_missing(q, SimpleNamespace(width=config.dape_width,
+                                                 kernel=config.dape_kernel if config.dape == "v2" else 1))
+    return why
+
+
+_warned = set()
+
+
+def warn_once(message):
+    """warnings.warn, once per message for the process (Python's own filter forgets under pytest)."""
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, stacklevel=3)
 
 
 class MLP(nn.Module):

@@ -32,7 +32,7 @@ import torch
 
 from common import autocast, check_dataset, pick_dtype, read_checkpoint_file
 from configurator import ConfigError, check_device, config_defaults, configure, update_config
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, fused_kernel_problem
 import passkey
 from tokenizer import get_tokenizer, load_meta
 
@@ -123,6 +123,15 @@ def check_config(cfg):
         GPTConfig(**{**model_args, 'vocab_size': cfg.vocab_size or 1})
     except ValueError as e:
         raise ConfigError(str(e)) from e
+
+
+def check_dape_impl(config, device, dtype, compiling):
+    """dape_impl='triton' where the fused kernel cannot run (no CUDA, no Triton, a shape or dtype it does
+    not take, an encoding it does not cover): a ConfigError before training starts."""
+    why = fused_kernel_problem(config, device, dtype, compiling)
+    if why is not None:
+        raise ConfigError(f"dape_impl=triton cannot run here: {why}; use --dape_impl=auto (the fused kernel "
+                          f"where it runs, else PyTorch) or --dape_impl=torch")
 
 
 # -----------------------------------------------------------------------------
@@ -329,6 +338,7 @@ def train(config=None, **overrides):
     ptdtype = pick_dtype(cfg.dtype, device)
     dtype = str(ptdtype).removeprefix('torch.')
     ctx = autocast(device, ptdtype)
+    check_dape_impl(SimpleNamespace(**config), device, ptdtype, cfg.compile)
 
     # -- data ----------------------------------------------------------------------------------------
     data_dir = os.path.join(cfg.data_root, cfg.dataset)
@@ -352,6 +362,7 @@ def train(config=None, **overrides):
         for note in notes if master else ():
             print(note)
         config.update({k: v for k, v in model_args.items() if k != 'vocab_size'})  # what the run really is
+        check_dape_impl(SimpleNamespace(**config), device, ptdtype, cfg.compile)
         iter_num, best_val_loss = small['iter_num'], small['best_val_loss']
     if model_args['vocab_size'] < meta['vocab_size']:
         raise ConfigError(f"vocab_size={model_args['vocab_size']} is smaller than dataset '{cfg.dataset}''s "

@@ -33,6 +33,8 @@ def test_bench_quick_writes_every_section(tmp_path):
     gpu = res["gpu"]
     assert gpu["fallback"] == (gpu["device"] == "cpu") and gpu["rows"]
     assert {r["dape"] for r in gpu["rows"]} == {"none", "v1:torch", "v2:torch"}
+    assert len(gpu["verdicts"]) == 5 and all(v["verdict"] == "not measured" and v["why"] == "no CUDA GPU"
+                                             for v in gpu["verdicts"])
 
     timing = {r["method"]: r for r in res["timing"]["rows"]}
     assert list(timing) == ["kerple", "dape-kerple", "dapev2-alibi"]
@@ -49,3 +51,51 @@ def test_peak_memory_sees_a_large_allocation():
     import torch
     extra, total = bench.peak_memory(lambda: torch.ones(64, 2 ** 20).sum(), "cpu")  # 256 MB
     assert 200 * 2 ** 20 < extra < 400 * 2 ** 20 and total > extra
+
+
+def gpu_result(v1=1.1, v2=1.4, mem=(1000.0, 1250.0), fit=70 * 1024.0, eval_ratio=1.6):
+    """A gpu section's result as a GPU run would leave it (eager rows at 512x32 and 1024x32, compiled ones
+    that must be ignored, the evaluation's ratios)."""
+    rows = [dict(pos="kerple", dape="none", T=512, batch=32, compiled=False, ms=100.0, ratio=1.0, peak_mb=mem[0]),
+            dict(pos="kerple", dape="v1", T=512, batch=32, compiled=False, ms=100.0 * v1, ratio=v1, peak_mb=mem[1]),
+            dict(pos="kerple", dape="v2", T=512, batch=32, compiled=False, ms=100.0 * v2, ratio=v2, peak_mb=900.0),
+            dict(pos="kerple", dape="v1", T=512, batch=32, compiled=True, ms=50.0, ratio=0.5, peak_mb=1.0),
+            dict(T=1024, batch=32, compiled=True, skipped="out of memory")]
+    rows.append(dict(T=1024, batch=32, compiled=False, skipped="out of memory") if fit is None else
+                dict(pos="kerple", dape="v1", T=1024, batch=32, compiled=False, ms=1.0, ratio=1.0, peak_mb=fit))
+    return dict(device="cuda", rows=rows, eval=[dict(dape="none", ratio=1.0), dict(dape="v1", ratio=eval_ratio)])
+
+
+def test_gpu_verdicts_read_the_right_rows(monkeypatch):
+    """Each target from its own figure: the eager step ratios at T=512, batch 32 (not the compiled ones),
+    the V1 step's peak memory over the encoding's, the T=1024 step's peak memory (out of memory on an
+    80 GB GPU is 'not met'), the evaluation's ratio; all 'not measured' when the kernel failed its self-check."""
+    import types
+    import dape_triton
+    import torch
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(total_memory=80 * 2 ** 30))
+    monkeypatch.setattr(dape_triton, "_CHECKS", {})
+    cfg = dict(bench.config_defaults(vars(bench)))
+    verdicts = [(v["verdict"], v.get("shown")) for v in bench.gpu_verdicts(gpu_result(), cfg)]
+    assert verdicts == [("met", "1.10"), ("not met", "1.40"), ("not met", "1.25"), ("met", "70.0 GB"),
+                        ("not met", "1.60")]
+    verdicts = [v["verdict"] for v in bench.gpu_verdicts(gpu_result(1.2, 1.3, (1000.0, 1200.0), None, 1.5), cfg)]
+    assert verdicts == ["not met", "met", "met", "not met", "met"]
+    monkeypatch.setattr(dape_triton, "_CHECKS", {"kind": "OutOfResources: shared memory"})
+    verdicts = bench.gpu_verdicts(gpu_result(), cfg)
+    assert all(v["verdict"] == "not measured" and "OutOfResources" in v["why"] for v in verdicts)
+
+
+def test_fit_table_marks_what_does_not_fit():
+    """The README's fit table: the largest figures over the rows of a group, and a group over the GPU's
+    shared memory is 'refused' when dape_triton refuses it, else flagged."""
+    kernel = lambda kb, regs=255, spill=0: dict(shared=kb * 1024, registers=regs, spill_stores=spill)
+    e = lambda arch, dtype, H, kb, refused=None, spill=0: dict(
+        arch=arch, dtype=dtype, n_head=H, head_size=64, width=32, kernel_size=1, bias=True, causal=True,
+        forward=kernel(30), backward=kernel(kb, spill=spill), refused=refused)
+    shapes = {(12, 64, 32): ["arxiv_128"], (32, 64, 32): ["big"]}
+    md = bench.fit_markdown([e(86, "bfloat16", 12, 48, spill=100), e(86, "float16", 12, 50, spill=40),
+                             e(86, "float32", 32, 120, refused="float32 ..."), e(90, "float32", 32, 230)], shapes)
+    lines = md.splitlines()[2:]
+    assert lines[0] == "| sm_86 (99 KB) | 16-bit | 12x64, 32 (arxiv_128) | V1 | 30, 255, 0 | 50, 255, 100 | yes |"
+    assert lines[1].endswith("| refused |") and lines[2].endswith("| **no** |") and len(lines) == 3

@@ -232,6 +232,24 @@ def test_bad_options_fail_before_anything_runs(tmp_path, option, message):
     assert not os.path.exists(tmp_path / 'o')
 
 
+def test_forcing_the_fused_kernel_where_it_cannot_run_is_one_line(tmp_path):
+    """dape_impl=triton on a CPU (the compiled kernels need CUDA): a configuration error before any data is
+    read or out_dir made, as a new user running the CPU demo's config would meet it; and an encoding the
+    kernel does not cover, wherever it runs."""
+    env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}  # the interpreter would run it
+    out = tmp_path / 'o'
+    p = subprocess.run([sys.executable, 'train.py', 'config/demo_cpu.py', '--dape=v1', '--dape_impl=triton',
+                        f'--out_dir={out}', '--dataset=missing', f'--data_root={tmp_path}'], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and len(p.stderr.splitlines()) == 1, p.stderr
+    assert p.stderr.startswith('config error: dape_impl=triton cannot run here: '), p.stderr
+    assert 'cpu' in p.stderr or 'Triton is not installed' in p.stderr, p.stderr
+    assert not os.path.exists(out)
+    with pytest.raises(ConfigError, match=r"dape_impl=triton cannot run here: pos=cope \(its logits depend"):
+        train.train(TINY, dataset='missing', data_root=str(tmp_path), out_dir=str(out), pos='cope', dape='v1',
+                    dape_impl='triton')
+
+
 def test_config_files_are_valid():
     files = [f for f in glob.glob(os.path.join(ROOT, 'config', '*.py'))
              if not os.path.basename(f).startswith('che_')]
