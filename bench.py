@@ -82,6 +82,7 @@ import torch.nn.functional as F
 from configurator import config_defaults, configure
 from dape import DAPEV1, DAPEV2
 from model import GPT, GPTConfig
+from positional import ENCODINGS
 
 # -----------------------------------------------------------------------------
 # config (nanoGPT style: these globals are the defaults, overridden by config files and --key=value)
@@ -351,7 +352,8 @@ def train_steps(sz, cfg, pos_list, dape_list, device, autocast_dtype=None, compi
     for p in pos_list:
         for d in dape_list:
             steps[(p, d)] = make_step(new_model(sz, cfg, p, d, device))
-        if plain and p not in ("cope", "xl"):  # the baselines: additive or no bias
+        PE = ENCODINGS[p]
+        if plain and not (PE.contextual or PE.needs_content or PE.reads_input):  # baselines: positional bias or none
             steps[(p, "plain-manual")] = make_step(make_plain(new_model(sz, cfg, p, "none", device), sdpa=False))
             steps[(p, "plain-sdpa")] = make_step(make_plain(new_model(sz, cfg, p, "none", device), sdpa=True))
     return steps

@@ -204,10 +204,13 @@ def _qk(q_rows, k_b, heads, jw, sqh, sqe, skh, skn, ske, H, HS, Tq, iq, Tk, scal
 
 
 @_jit
-def _inputs(q_rows, k_b, bias_rows, heads, jw, qpos, iq, sqh, sqe, skh, skn, ske, sbh, sbn, H, HS, Tq, Tk, scale,
+def _inputs(q_rows, k_b, bd, heads, jw, qpos, iq, sqh, sqe, skh, skn, ske, H, HS, Tq, Tk, scale,
             HX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EC: tl.constexpr,
-            NEED_A: tl.constexpr, HAS_B: tl.constexpr, CAUSAL: tl.constexpr, LO: tl.constexpr):
-    """f's inputs A and B [HX, M, N] (float32) of the heads `heads` at keys jw, zero where not _valid."""
+            NEED_A: tl.constexpr, HAS_B: tl.constexpr, B_TERMS: tl.constexpr, CAUSAL: tl.constexpr,
+            LO: tl.constexpr):
+    """f's inputs A and B [HX, M, N] (float32) of the heads `heads` at keys jw, zero where not _valid. bd: the
+    bias, (pointers of the query rows, head stride, key stride) of a map, and, B_TERMS, (pointers of the
+    sequence's w, head stride, key stride) of B_ij = u_i - w_j, u's rows taking the map's place."""
     ok = _valid(qpos, jw, Tk, CAUSAL)
     if NEED_A:
         xa = tl.where(ok, _qk(q_rows, k_b, heads, jw, sqh, sqe, skh, skn, ske, H, HS, Tq, iq, Tk, scale,
@@ -215,18 +218,25 @@ def _inputs(q_rows, k_b, bias_rows, heads, jw, qpos, iq, sqh, sqe, skh, skn, ske
     else:
         xa = tl.zeros([HX, BLOCK_M, BLOCK_N], tl.float32)
     if HAS_B:
-        xb = tl.load(bias_rows + heads * sbh + jw * sbn, mask=(heads < H) & (iq < Tq) & ok, other=0.0).to(tl.float32)
+        bias_rows, sbh, sbn, w_b, swh, swn = bd
+        if B_TERMS:  # u of the query rows minus w of the keys
+            ui = tl.load(bias_rows + heads * sbh, mask=(heads < H) & (iq < Tq), other=0.0)
+            wj = tl.load(w_b + heads * swh + jw * swn, mask=(heads < H) & (jw >= 0) & (jw < Tk), other=0.0)
+            xb = tl.where((heads < H) & (iq < Tq) & ok, ui - wj, 0.0)
+        else:
+            xb = tl.load(bias_rows + heads * sbh + jw * sbn, mask=(heads < H) & (iq < Tq) & ok, other=0.0)
+        xb = xb.to(tl.float32)
     else:
         xb = tl.zeros([HX, BLOCK_M, BLOCK_N], tl.float32)
     return xa, xb
 
 
 @_jit
-def _hidden(u, c0, a0, b0, q_rows, k_b, bias_rows, heads, jn, qpos, iq, sqh, sqe, skh, skn, ske, sbh, sbn,
+def _hidden(u, c0, a0, b0, q_rows, k_b, bd, heads, jn, qpos, iq, sqh, sqe, skh, skn, ske,
             H, HS, Tq, Tk, scale, WA, WB, B1, w_dh,
             HP: tl.constexpr, DP: tl.constexpr, DC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             EC: tl.constexpr, KS: tl.constexpr, PAD: tl.constexpr, A_IN: tl.constexpr, HAS_B: tl.constexpr,
-            CAUSAL: tl.constexpr, LO: tl.constexpr):
+            B_TERMS: tl.constexpr, CAUSAL: tl.constexpr, LO: tl.constexpr):
     """f's first layer before the activation at its hidden channels c0 .. c0 + DC - 1, z [DC, M N], at keys
     jn + u - PAD: its tap t reads the inputs of all heads at key shift u + t - 2 PAD (V1: the tile's own, a0
     and b0; V2 recomputes them). w_dh: a [DC, HP] block of a tap of Wa or Wb, at channel 0."""
@@ -238,8 +248,8 @@ def _hidden(u, c0, a0, b0, q_rows, k_b, bias_rows, heads, jn, qpos, iq, sqh, sqe
             xa = a0
             xb = b0
         else:
-            xa, xb = _inputs(q_rows, k_b, bias_rows, heads, jn + (u + t - 2 * PAD), qpos, iq, sqh, sqe, skh, skn, ske,
-                             sbh, sbn, H, HS, Tq, Tk, scale, HP, BLOCK_M, BLOCK_N, EC, A_IN, HAS_B, CAUSAL, LO)
+            xa, xb = _inputs(q_rows, k_b, bd, heads, jn + (u + t - 2 * PAD), qpos, iq, sqh, sqe, skh, skn, ske,
+                             H, HS, Tq, Tk, scale, HP, BLOCK_M, BLOCK_N, EC, A_IN, HAS_B, B_TERMS, CAUSAL, LO)
         if A_IN:
             wa = tl.load(WA + t * DP * HP + w_dh)
             z = tl.dot(_lo(wa, LO), _lo(tl.reshape(xa, [HP, MN]), LO), z, input_precision="ieee")
@@ -258,18 +268,19 @@ def _hidden_mask(qpos, jn, Tk, u, PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOC
 
 
 @_jit
-def _logits(q_rows, k_b, bias_rows, ha, hg, jn, qpos, iq, sqh, sqe, skh, skn, ske, sbh, sbn, H, HS, Tq, Tk, scale,
+def _logits(q_rows, k_b, bd, ha, hg, jn, qpos, iq, sqh, sqe, skh, skn, ske, H, HS, Tq, Tk, scale,
             WA, WB, W2, B1, b2g, w_dh, w2_own,
             HP: tl.constexpr, HG: tl.constexpr, DP: tl.constexpr, DC: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             EC: tl.constexpr, KS: tl.constexpr, PAD: tl.constexpr, A_IN: tl.constexpr, HAS_B: tl.constexpr,
-            RES_B: tl.constexpr, CAUSAL: tl.constexpr, LO: tl.constexpr, SLOPE: tl.constexpr):
+            B_TERMS: tl.constexpr, RES_B: tl.constexpr, CAUSAL: tl.constexpr, LO: tl.constexpr,
+            SLOPE: tl.constexpr):
     """The own heads' logits A + [B] + f [HG, M, N] at keys jn, -inf where masked; and the shift-0 inputs of
     all heads, a0 and b0 [HP, M, N] (V1's f reads them; otherwise zeros)."""
     GROUPS: tl.constexpr = HP // HG
     if (KS == 1) | (GROUPS == 1):
-        a0, b0 = _inputs(q_rows, k_b, bias_rows, ha, jn, qpos, iq, sqh, sqe, skh, skn, ske, sbh, sbn, H, HS, Tq, Tk,
-                         scale, HP, BLOCK_M, BLOCK_N, EC, True, HAS_B, CAUSAL, LO)
+        a0, b0 = _inputs(q_rows, k_b, bd, ha, jn, qpos, iq, sqh, sqe, skh, skn, ske, H, HS, Tq, Tk,
+                         scale, HP, BLOCK_M, BLOCK_N, EC, True, HAS_B, B_TERMS, CAUSAL, LO)
     else:
         a0 = tl.zeros([HP, BLOCK_M, BLOCK_N], tl.float32)
         b0 = tl.zeros([HP, BLOCK_M, BLOCK_N], tl.float32)
@@ -277,9 +288,9 @@ def _logits(q_rows, k_b, bias_rows, ha, hg, jn, qpos, iq, sqh, sqe, skh, skn, sk
     for u in tl.range(0, KS):
         ok = _hidden_mask(qpos, jn, Tk, u, PAD, BLOCK_M, BLOCK_N, CAUSAL)
         for c0 in tl.range(0, DP, DC):  # f's hidden channels DC at a time: fewer registers live
-            z = _hidden(u, c0, a0, b0, q_rows, k_b, bias_rows, ha, jn, qpos, iq, sqh, sqe, skh, skn, ske, sbh, sbn,
+            z = _hidden(u, c0, a0, b0, q_rows, k_b, bd, ha, jn, qpos, iq, sqh, sqe, skh, skn, ske,
                         H, HS, Tq, Tk, scale, WA, WB, B1, w_dh, HP, DP, DC, BLOCK_M, BLOCK_N, EC, KS, PAD, A_IN,
-                        HAS_B, CAUSAL, LO)
+                        HAS_B, B_TERMS, CAUSAL, LO)
             h = tl.where(ok, tl.where(z > 0, z, z * SLOPE), 0.0)
             w2 = tl.load(W2 + u * HP * DP + c0 + w2_own)
             f = tl.dot(_lo(w2, LO), _lo(h, LO), f, input_precision="ieee")
@@ -287,8 +298,8 @@ def _logits(q_rows, k_b, bias_rows, ha, hg, jn, qpos, iq, sqh, sqe, skh, skn, sk
         ag = a0
         bg = b0
     else:
-        ag, bg = _inputs(q_rows, k_b, bias_rows, hg, jn, qpos, iq, sqh, sqe, skh, skn, ske, sbh, sbn, H, HS, Tq, Tk,
-                         scale, HG, BLOCK_M, BLOCK_N, EC, True, HAS_B, CAUSAL, LO)
+        ag, bg = _inputs(q_rows, k_b, bd, hg, jn, qpos, iq, sqh, sqe, skh, skn, ske, H, HS, Tq, Tk,
+                         scale, HG, BLOCK_M, BLOCK_N, EC, True, HAS_B, B_TERMS, CAUSAL, LO)
     s = ag + tl.reshape(f, [HG, BLOCK_M, BLOCK_N]) + b2g[:, None, None]
     if RES_B:
         s = s + bg
@@ -297,14 +308,14 @@ def _logits(q_rows, k_b, bias_rows, ha, hg, jn, qpos, iq, sqh, sqe, skh, skn, sk
 
 
 @_jit
-def _forward(Q, K, V, Bias, WA, WB, W2, B1, B2, Y, LSE,
+def _forward(Q, K, V, Bias, BW, WA, WB, W2, B1, B2, Y, LSE,
              sqb, sqh, sqm, sqe, skb, skh, skn, ske, svb, svh, svn, sve,
-             sbb, sbh, sbm, sbn, syb, syh, sym, sye,
+             sbb, sbh, sbm, sbn, swb, swh, swn, syb, syh, sym, sye,
              H, HS, Tq, Tk, q_offset, scale,
              HP: tl.constexpr, HG: tl.constexpr, EC: tl.constexpr, EV: tl.constexpr, DP: tl.constexpr,
              DC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KS: tl.constexpr, PAD: tl.constexpr,
-             A_IN: tl.constexpr, HAS_B: tl.constexpr, RES_B: tl.constexpr, CAUSAL: tl.constexpr,
-             LO: tl.constexpr, SLOPE: tl.constexpr):
+             A_IN: tl.constexpr, HAS_B: tl.constexpr, B_TERMS: tl.constexpr, RES_B: tl.constexpr,
+             CAUSAL: tl.constexpr, LO: tl.constexpr, SLOPE: tl.constexpr):
     """y [B, H, Tq, HS] (Y's dtype) and the log-sum-exp of each row, LSE [B, H, Tq] (float32). Grid: (query
     blocks, B, groups x chunks of v)."""
     mb = tl.num_programs(0) - 1 - tl.program_id(0)  # causal: the blocks with the most keys start first
@@ -325,7 +336,7 @@ def _forward(Q, K, V, Bias, WA, WB, W2, B1, B2, Y, LSE,
 
     q_rows = Q + b * sqb + iq * sqm
     k_b = K + b * skb
-    bias_rows = Bias + b * sbb + iq * sbm
+    bd = (Bias + b * sbb + iq * sbm, sbh, sbn, BW + b * swb, swh, swn)
     qpos = q_offset + iq
     b2g = tl.load(B2 + g * HG + tl.arange(0, HG))
     v_b = V + b * svb + hg * svh + ev * sve
@@ -339,9 +350,9 @@ def _forward(Q, K, V, Bias, WA, WB, W2, B1, B2, Y, LSE,
         n_end = tl.minimum(Tk, q_offset + m0 + BLOCK_M)
     # key 0 is masked for no row, so m_i is finite from the first block on
     for n0 in tl.range(0, n_end, BLOCK_N):
-        s, a0, b0 = _logits(q_rows, k_b, bias_rows, ha, hg, n0 + jr, qpos, iq, sqh, sqe, skh, skn, ske, sbh, sbn,
+        s, a0, b0 = _logits(q_rows, k_b, bd, ha, hg, n0 + jr, qpos, iq, sqh, sqe, skh, skn, ske,
                             H, HS, Tq, Tk, scale, WA, WB, W2, B1, b2g, w_dh, w2_own, HP, HG, DP, DC, BLOCK_M,
-                            BLOCK_N, EC, KS, PAD, A_IN, HAS_B, RES_B, CAUSAL, LO, SLOPE)
+                            BLOCK_N, EC, KS, PAD, A_IN, HAS_B, B_TERMS, RES_B, CAUSAL, LO, SLOPE)
         m_new = tl.maximum(m_i, tl.max(s, 2))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, :, None])
@@ -380,17 +391,33 @@ def _scatter_qk(da, heads, q_rows, k_b, dq_rows, dk_b, iq, jw, nw, sqh, sqe, skh
 
 
 @_jit
-def _backward(Q, K, V, Bias, WA, WB, W2, B1, B2, DY, LSE, DELTA,
-              DQ, DK, DV, DBIAS, DWA, DWB, DW2, DB1, DB2,
+def _add_dbias(gd, heads, iq, jw, g, H, Tq, Tk, B_TERMS: tl.constexpr):
+    """Add g [HX, M, N], the gradient of the bias at the heads `heads`, query rows iq and keys jw (zero where
+    the bias is not used), atomically: into the map (gd's first three) or, B_TERMS, into u's rows (its sum over
+    the keys) and w's keys (minus its sum over the rows)."""
+    g_rows, sgh, sgn, gw_b, sgwh, sgwn = gd
+    if B_TERMS:
+        tl.atomic_add(g_rows + heads * sgh, tl.sum(g, 2, keep_dims=True), mask=(heads < H) & (iq < Tq),
+                      sem="relaxed")
+        tl.atomic_add(gw_b + heads * sgwh + jw * sgwn, -tl.sum(g, 1, keep_dims=True),
+                      mask=(heads < H) & (jw >= 0) & (jw < Tk), sem="relaxed")
+    else:
+        tl.atomic_add(g_rows + heads * sgh + jw * sgn, g, mask=(heads < H) & (iq < Tq) & (jw >= 0) & (jw < Tk),
+                      sem="relaxed")
+
+
+@_jit
+def _backward(Q, K, V, Bias, BW, WA, WB, W2, B1, B2, DY, LSE, DELTA,
+              DQ, DK, DV, DBIAS, DBW, DWA, DWB, DW2, DB1, DB2,
               sqb, sqh, sqm, sqe, skb, skh, skn, ske, svb, svh, svn, sve,
-              sbb, sbh, sbm, sbn, sdyb, sdyh, sdym, sdye, sgb, sgh, sgm, sgn,
+              sbb, sbh, sbm, sbn, swb, swh, swn, sdyb, sdyh, sdym, sdye, sgb, sgh, sgm, sgn, sgwb, sgwh, sgwn,
               H, HS, Tq, Tk, q_offset, scale,
               HP: tl.constexpr, HG: tl.constexpr, EC: tl.constexpr, DP: tl.constexpr, DC: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KS: tl.constexpr, PAD: tl.constexpr,
-              A_IN: tl.constexpr, HAS_B: tl.constexpr, RES_B: tl.constexpr, NEED_DB: tl.constexpr,
-              CAUSAL: tl.constexpr, LO: tl.constexpr, SLOPE: tl.constexpr):
+              A_IN: tl.constexpr, HAS_B: tl.constexpr, B_TERMS: tl.constexpr, RES_B: tl.constexpr,
+              NEED_DB: tl.constexpr, CAUSAL: tl.constexpr, LO: tl.constexpr, SLOPE: tl.constexpr):
     """The gradients. DQ, DK, DV [B, H, T, HS] and the bias gradient DBIAS (strides sg*, batch stride 0 when
-    shared): zeroed float32 buffers, added to atomically. The weights' gradients: this program's sums, in its
+    shared; B_TERMS: u's, and DBW w's, strides sgw*): zeroed float32 buffers, added to atomically. The weights' gradients: this program's sums, in its
     own row ((b * groups + g) * query blocks + query block) of zeroed float32 buffers DWA, DWB [P, KS, DP, HP],
     DW2 [P, KS, HP, DP], DB1 [P, DP] and DB2 [P, HP] (added to tile by tile: the program is alone on its row,
     so the sums are deterministic, and no register holds them across the loop). Grid: (query blocks, B,
@@ -417,11 +444,11 @@ def _backward(Q, K, V, Bias, WA, WB, W2, B1, B2, DY, LSE, DELTA,
 
     q_rows = Q + b * sqb + iq * sqm
     k_b = K + b * skb
-    bias_rows = Bias + b * sbb + iq * sbm
+    bd = (Bias + b * sbb + iq * sbm, sbh, sbn, BW + b * swb, swh, swn)
     qpos = q_offset + iq
     dq_rows = DQ + b * H * Tq * HS + iq * HS
     dk_b = DK + b * H * Tk * HS
-    g_rows = DBIAS + b * sgb + iq * sgm
+    gd = (DBIAS + b * sgb + iq * sgm, sgh, sgn, DBW + b * sgwb, sgwh, sgwn)
     dy_rows = DY + b * sdyb + hg * sdyh + iq * sdym
     v_b = V + b * svb + hg * svh
     dv_b = DV + b * H * Tk * HS + hg * (Tk * HS)
@@ -446,9 +473,9 @@ def _backward(Q, K, V, Bias, WA, WB, W2, B1, B2, DY, LSE, DELTA,
         jn = n0 + jr
         rows = n0 + nr
         # the logits again, then dL = P (dP - Delta), the gradient of the own heads' logits; dv += P^T dy
-        s, a0, b0 = _logits(q_rows, k_b, bias_rows, ha, hg, jn, qpos, iq, sqh, sqe, skh, skn, ske, sbh, sbn,
+        s, a0, b0 = _logits(q_rows, k_b, bd, ha, hg, jn, qpos, iq, sqh, sqe, skh, skn, ske,
                             H, HS, Tq, Tk, scale, WA, WB, W2, B1, b2g, w_dh, w2_own, HP, HG, DP, DC, BLOCK_M,
-                            BLOCK_N, EC, KS, PAD, A_IN, HAS_B, RES_B, CAUSAL, LO, SLOPE)
+                            BLOCK_N, EC, KS, PAD, A_IN, HAS_B, B_TERMS, RES_B, CAUSAL, LO, SLOPE)
         p = tl.exp(s - lse[:, :, None])
         pt_lo = _lo(tl.permute(p, (0, 2, 1)), LO)
         dp = tl.zeros([HG, BLOCK_M, BLOCK_N], tl.float32)
@@ -469,7 +496,7 @@ def _backward(Q, K, V, Bias, WA, WB, W2, B1, B2, DY, LSE, DELTA,
             _scatter_qk(dl, hg, q_rows, k_b, dq_rows, dk_b, iq, jn, rows, sqh, sqe, skh, skn, ske, H, HS, Tq, Tk,
                         scale, EC, LO)
         if RES_B & NEED_DB & (GROUPS > 1):
-            tl.atomic_add(g_rows + hg * sgh + jn * sgn, dl, mask=(hg < H) & (iq < Tq) & (jn < Tk), sem="relaxed")
+            _add_dbias(gd, hg, iq, jn, dl, H, Tq, Tk, B_TERMS)
         # Through f: its hidden map at each key shift u - PAD, DC channels at a time, then each tap t of the
         # first layer, whose inputs (and the gradient they get) sit at key shift w = u + t - 2 PAD. V1 (one
         # shift, one tap) sums dA and dB over the channel blocks and scatters them once; V2 takes its hidden
@@ -480,9 +507,9 @@ def _backward(Q, K, V, Bias, WA, WB, W2, B1, B2, DY, LSE, DELTA,
                 da1 = tl.zeros([HP, BLOCK_M, BLOCK_N], tl.float32)
                 db1_ = tl.zeros([HP, BLOCK_M, BLOCK_N], tl.float32)
             for c0 in tl.range(0, DP, DC):
-                z = _hidden(u, c0, a0, b0, q_rows, k_b, bias_rows, ha, jn, qpos, iq, sqh, sqe, skh, skn, ske, sbh,
-                            sbn, H, HS, Tq, Tk, scale, WA, WB, B1, w_dh, HP, DP, DC, BLOCK_M, BLOCK_N, EC, KS, PAD,
-                            A_IN, HAS_B, CAUSAL, LO)
+                z = _hidden(u, c0, a0, b0, q_rows, k_b, bd, ha, jn, qpos, iq, sqh, sqe, skh, skn, ske,
+                            H, HS, Tq, Tk, scale, WA, WB, B1, w_dh, HP, DP, DC, BLOCK_M, BLOCK_N, EC, KS, PAD,
+                            A_IN, HAS_B, B_TERMS, CAUSAL, LO)
                 h = tl.where(ok, tl.where(z > 0, z, z * SLOPE), 0.0)
                 g_w2 = tl.dot(_lo(dl2, LO), _lo(tl.trans(h), LO), input_precision="ieee")
                 tl.atomic_add(dw2_p + u * HP * DP + c0, g_w2, sem="relaxed")
@@ -495,9 +522,9 @@ def _backward(Q, K, V, Bias, WA, WB, W2, B1, B2, DY, LSE, DELTA,
                         xa = a0
                         xb = b0
                     else:
-                        xa, xb = _inputs(q_rows, k_b, bias_rows, ha, jn + (u + t - 2 * PAD), qpos, iq, sqh, sqe, skh,
-                                         skn, ske, sbh, sbn, H, HS, Tq, Tk, scale, HP, BLOCK_M, BLOCK_N, EC, A_IN, HAS_B,
-                                         CAUSAL, LO)
+                        xa, xb = _inputs(q_rows, k_b, bd, ha, jn + (u + t - 2 * PAD), qpos, iq, sqh, sqe, skh,
+                                         skn, ske, H, HS, Tq, Tk, scale, HP, BLOCK_M, BLOCK_N, EC, A_IN, HAS_B,
+                                         B_TERMS, CAUSAL, LO)
                     w = u + t - 2 * PAD
                     ok_w = _valid(qpos, jn + w, Tk, CAUSAL)
                     own = (u == PAD) & (t == PAD)  # the residual's term (once: other taps reach w = 0 too)
@@ -530,8 +557,7 @@ def _backward(Q, K, V, Bias, WA, WB, W2, B1, B2, DY, LSE, DELTA,
                                 if RES_B & (GROUPS == 1):
                                     if own:
                                         dbias = dbias + dl  # the residual B
-                                tl.atomic_add(g_rows + ha * sgh + (jn + w) * sgn, dbias, mask=(ha < H) & (iq < Tq) & ok_w,
-                                              sem="relaxed")
+                                _add_dbias(gd, ha, iq, jn + w, dbias, H, Tq, Tk, B_TERMS)
             if KS == 1:  # V1: f's share of dA and dB, summed over the channel blocks, and the residual's
                 ok_w = _valid(qpos, jn, Tk, CAUSAL)
                 if A_IN:
@@ -544,7 +570,7 @@ def _backward(Q, K, V, Bias, WA, WB, W2, B1, B2, DY, LSE, DELTA,
                     db1_ = tl.where(ok_w, db1_, 0.0)
                     if RES_B & (GROUPS == 1):
                         db1_ = db1_ + dl
-                    tl.atomic_add(g_rows + ha * sgh + jn * sgn, db1_, mask=(ha < H) & (iq < Tq) & ok_w, sem="relaxed")
+                    _add_dbias(gd, ha, iq, jn, db1_, H, Tq, Tk, B_TERMS)
 
     tl.store(DB2 + pid * HP + og, db2)
 
@@ -630,9 +656,16 @@ def _check(q, k, v, bias, w1, b1, w2, b2, variant, causal, q_offset, scale, conf
         if variant != "concat_residual":
             raise ValueError(f"variant {variant!r} needs a bias; without one (bias=None) f sees A alone and "
                              f"the variant must be 'concat_residual'")
+    elif isinstance(bias, tuple):
+        if len(bias) != 2 or not all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in bias):
+            raise ValueError("bias terms must be a pair (u, w) of floating-point tensors")
+        u, w = bias
+        if u.shape != (Bn, H, Tq) or w.shape != (Bn, H, Tk):
+            raise ValueError(f"bias terms must be u [B, H, Tq] = [{Bn}, {H}, {Tq}] and w [B, H, Tk] = [{Bn}, {H}, "
+                             f"{Tk}], got {tuple(u.shape)} and {tuple(w.shape)}")
     else:
         if not isinstance(bias, torch.Tensor) or not bias.is_floating_point():
-            raise ValueError("bias must be a floating-point tensor or None")
+            raise ValueError("bias must be a floating-point tensor, a pair (u, w) or None")
         if not (bias.shape == (H, Tq, Tk) or (bias.dim() == 4 and bias.shape[0] in (1, Bn)
                                               and bias.shape[1:] == (H, Tq, Tk))):
             raise ValueError(f"bias must be [H, Tq, Tk] = [{H}, {Tq}, {Tk}] or [B or 1, H, Tq, Tk], got "
@@ -650,7 +683,8 @@ def _check(q, k, v, bias, w1, b1, w2, b2, variant, causal, q_offset, scale, conf
     if b1.shape != (D,) or w2.shape != (H, D, ks) or b2.shape != (H,):
         raise ValueError(f"expected b1 [{D}], w2 [{H}, {D}, {ks}], b2 [{H}] for w1 {tuple(w1.shape)}, got b1 "
                          f"{tuple(b1.shape)}, w2 {tuple(w2.shape)}, b2 {tuple(b2.shape)}")
-    tensors = [("q", q), ("k", k), ("v", v), ("bias", bias), ("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2)]
+    tensors = [("q", q), ("k", k), ("v", v), ("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2)]
+    tensors += list(zip(("u", "w"), bias)) if isinstance(bias, tuple) else [("bias", bias)]
     devices = {t.device for _, t in tensors if t is not None}
     if len(devices) != 1:
         raise ValueError("all tensors must be on one device, got "
@@ -701,9 +735,10 @@ def lowering(dtype):
     return "bf16-emulated" if _interpreting() else "bf16"
 
 
-def constexprs(H, hs, D, ks, variant, has_bias, causal, dtype, config):
+def constexprs(H, hs, D, ks, variant, has_bias, causal, dtype, config, terms=False):
     """The compile-time constants of both kernels (the backward's NEED_DB aside) for these shapes, the
-    variant and a launch config; with the number of head groups and of v chunks (the grid's third axis)."""
+    variant, a bias (terms: as a pair u, w) and a launch config; with the number of head groups and of v
+    chunks (the grid's third axis)."""
     HP, DP, HSP = _pow2(H), _pow2(D), _pow2(hs)
     HG = min(HP, config["hg"])
     EV = min(HSP, config["ev"])
@@ -711,7 +746,7 @@ def constexprs(H, hs, D, ks, variant, has_bias, causal, dtype, config):
     DC = DP if ks > 1 else min(DP, config["dc"])
     const = dict(HP=HP, HG=HG, EC=min(HSP, config["ec"]), EV=EV, DP=DP, DC=DC, BLOCK_M=config["block_m"],
                  BLOCK_N=config["block_n"], KS=ks, PAD=ks // 2, A_IN=not (has_bias and variant == "bias_only"),
-                 HAS_B=has_bias, RES_B=has_bias and variant != "concat",
+                 HAS_B=has_bias, B_TERMS=has_bias and terms, RES_B=has_bias and variant != "concat",
                  CAUSAL=causal, LO=lowering(dtype), SLOPE=SLOPE)
     return const, HP // HG, -(-hs // EV)
 
@@ -727,7 +762,8 @@ def _params(q, bias, w1, b1, w2, b2, cfg):
     Bn, H, Tq, hs = q.shape
     D, _, ks = w1.shape
     has_b = bias is not None
-    const, groups, n_v = constexprs(H, hs, D, ks, cfg.variant, has_b, cfg.causal, q.dtype, cfg.launch)
+    const, groups, n_v = constexprs(H, hs, D, ks, cfg.variant, has_b, cfg.causal, q.dtype, cfg.launch,
+                                    terms=isinstance(bias, tuple))
     HP, DP = const["HP"], const["DP"]
     wa, wb = _split(w1, cfg.variant, H, has_b)
     zero = torch.zeros(ks, DP, HP, dtype=torch.float32, device=q.device)
@@ -741,12 +777,18 @@ def _params(q, bias, w1, b1, w2, b2, cfg):
     return (WA, WB, W2, B1, B2), const, groups, n_v
 
 
-def _bias_strides(bias):
-    """Strides (batch, head, query, key) of a bias map; batch stride 0 when the batch shares it."""
-    if bias.dim() == 3:
-        return (0,) + tuple(bias.stride())
-    sb = 0 if bias.shape[0] == 1 else bias.stride(0)
-    return (sb,) + tuple(bias.stride()[1:])
+def _bias_args(bias, q):
+    """The kernels' bias arguments: (Bias, BW) and their strides ((batch, head, query, key), (batch, head,
+    key)). A map: Bias, batch stride 0 when the batch shares it. Terms (u, w): Bias = u (no key stride), BW
+    = w. None: nothing read."""
+    if bias is None:
+        return q, q, (0, 0, 0, 0), (0, 0, 0)
+    if isinstance(bias, tuple):
+        u, w = bias
+        return u, w, (*u.stride(), 0), tuple(w.stride())
+    sb = (0,) + tuple(bias.stride()) if bias.dim() == 3 else \
+        (0 if bias.shape[0] == 1 else bias.stride(0),) + tuple(bias.stride()[1:])
+    return bias, q, sb, (0, 0, 0)
 
 
 def _launch_options(cfg):
@@ -771,17 +813,17 @@ def _forward_launch(q, k, v, bias, w1, b1, w2, b2, cfg):
     qx, kx, vx = (_host_dtype(t, const) for t in (q, k, v))
     y = torch.empty(Bn, H, Tq, hs, dtype=vx.dtype, device=q.device)
     lse = torch.empty(Bn, H, Tq, dtype=torch.float32, device=q.device)
-    bias_arg = bias if bias is not None else q  # never read without HAS_B
-    sb = _bias_strides(bias) if bias is not None else (0, 0, 0, 0)
+    Bias, BW, sb, sw = _bias_args(bias, q)
     grid = (triton.cdiv(Tq, const["BLOCK_M"]), Bn, groups * n_v)
-    args = (qx, kx, vx, bias_arg, *weights, y, lse, *qx.stride(), *kx.stride(), *vx.stride(), *sb, *y.stride(),
-            H, hs, Tq, Tk, cfg.q_offset, cfg.scale)
+    args = (qx, kx, vx, Bias, BW, *weights, y, lse, *qx.stride(), *kx.stride(), *vx.stride(), *sb, *sw,
+            *y.stride(), H, hs, Tq, Tk, cfg.q_offset, cfg.scale)
     return grid, args, dict(_launch_options(cfg), **const), (y, lse)
 
 
 def _backward_launch(q, k, v, bias, w1, b1, w2, b2, y, lse, dy, need_db, cfg):
     """The backward kernel's grid, arguments and keywords, and the float32 buffers it adds the gradients to:
-    dq, dk, dv, dbias (None without need_db), and the per-program rows of dwa, dwb, dw2, db1, db2."""
+    dq, dk, dv, dbias (without need_db None; for terms, the pair du, dw), and the per-program rows of dwa,
+    dwb, dw2, db1, db2."""
     Bn, H, Tq, hs = q.shape
     Tk = k.shape[2]
     D, _, ks = w1.shape
@@ -795,47 +837,53 @@ def _backward_launch(q, k, v, bias, w1, b1, w2, b2, y, lse, dy, need_db, cfg):
     dq = torch.zeros(Bn, H, Tq, hs, **f32)
     dk = torch.zeros(Bn, H, Tk, hs, **f32)
     dv = torch.zeros(Bn, H, Tk, hs, **f32)
-    dbias, sg = None, (0, 0, 0, 0)
-    if need_db:
-        dbias = torch.zeros(bias.shape, **f32)
-        shared = bias.dim() == 3 or bias.shape[0] == 1
-        sg = (0,) + tuple(dbias.stride()[-3:]) if shared else tuple(dbias.stride())
+    dbias = None
+    if need_db:  # zeros shaped like the bias; the kernel adds with the same strides as it reads
+        dbias = tuple(torch.zeros(t.shape, **f32) for t in bias) if isinstance(bias, tuple) else \
+            torch.zeros(bias.shape, **f32)
     rows = [torch.zeros(progs, ks, DP, HP, **f32), torch.zeros(progs, ks, DP, HP, **f32),
             torch.zeros(progs, ks, HP, DP, **f32), torch.zeros(progs, DP, **f32), torch.zeros(progs, HP, **f32)]
-    bias_arg = bias if bias is not None else q
-    sb = _bias_strides(bias) if bias is not None else (0, 0, 0, 0)
-    args = (qx, kx, vx, bias_arg, *weights, dyx, lse, delta, dq, dk, dv, dbias if need_db else dq, *rows,
-            *qx.stride(), *kx.stride(), *vx.stride(), *sb, *dyx.stride(), *sg, H, hs, Tq, Tk, cfg.q_offset, cfg.scale)
+    Bias, BW, sb, sw = _bias_args(bias, q)
+    DBias, DBW, sg, sgw = _bias_args(dbias, dq) if need_db else (dq, dq, (0, 0, 0, 0), (0, 0, 0))
+    args = (qx, kx, vx, Bias, BW, *weights, dyx, lse, delta, dq, dk, dv, DBias, DBW, *rows,
+            *qx.stride(), *kx.stride(), *vx.stride(), *sb, *sw, *dyx.stride(), *sg, *sgw,
+            H, hs, Tq, Tk, cfg.q_offset, cfg.scale)
     const = {name: val for name, val in const.items() if name != "EV"}
     return (n_m, Bn, groups), args, dict(_launch_options(cfg), NEED_DB=need_db, **const), (dq, dk, dv, dbias, *rows)
 
 
 class _Attention(torch.autograd.Function):
+    """The kernels with autograd. The bias comes as a map (bias; u = w = None), as terms (bias None; u, w)
+    or not at all."""
 
     @staticmethod
     @torch.amp.custom_fwd(device_type="cuda")
-    def forward(ctx, q, k, v, bias, w1, b1, w2, b2, cfg):
-        grid, args, kw, (y, lse) = _forward_launch(q, k, v, bias, w1, b1, w2, b2, cfg)
+    def forward(ctx, q, k, v, bias, u, w, w1, b1, w2, b2, cfg):
+        terms = (u, w) if u is not None else bias
+        grid, args, kw, (y, lse) = _forward_launch(q, k, v, terms, w1, b1, w2, b2, cfg)
         _forward[grid](*args, **kw)
         y = y.to(v.dtype)
-        ctx.save_for_backward(q, k, v, bias, w1, b1, w2, b2, y, lse)
+        ctx.save_for_backward(q, k, v, bias, u, w, w1, b1, w2, b2, y, lse)
         ctx.cfg = cfg
         return y
 
     @staticmethod
     @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, dy):
-        q, k, v, bias, w1, b1, w2, b2, y, lse = ctx.saved_tensors
+        q, k, v, bias, u, w, w1, b1, w2, b2, y, lse = ctx.saved_tensors
         cfg = ctx.cfg
         H, D = q.shape[1], w1.shape[0]
-        need_db = bias is not None and ctx.needs_input_grad[3]
-        grid, args, kw, out = _backward_launch(q, k, v, bias, w1, b1, w2, b2, y, lse, dy.to(v.dtype), need_db, cfg)
+        terms = (u, w) if u is not None else bias
+        need_db = terms is not None and any(ctx.needs_input_grad[3:6])
+        grid, args, kw, out = _backward_launch(q, k, v, terms, w1, b1, w2, b2, y, lse, dy.to(v.dtype), need_db, cfg)
         _backward[grid](*args, **kw)
         dq, dk, dv, dbias, dwa, dwb, dw2, db1, db2 = out
+        du, dw = dbias if u is not None and need_db else (None, None)
+        dbias = dbias if u is None else None
         # the weights' gradients, back from the padded (Wa, Wb) split to w1's layout
         g_wa = dwa.sum(0)[:, :D, :H].permute(1, 2, 0)
         g_wb = dwb.sum(0)[:, :D, :H].permute(1, 2, 0)
-        if bias is None:
+        if terms is None:
             dw1 = g_wa
         elif cfg.variant in ("concat_residual", "concat"):
             dw1 = torch.cat((g_wa, g_wb), dim=1)
@@ -844,7 +892,7 @@ class _Attention(torch.autograd.Function):
         else:  # bias_only
             dw1 = g_wb
         dw2_ = dw2.sum(0)[:, :H, :D].permute(1, 2, 0)
-        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dbias,
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dbias, du, dw,
                 dw1.to(w1.dtype), db1.sum(0)[:D].to(b1.dtype), dw2_.to(w2.dtype), db2.sum(0)[:H].to(b2.dtype),
                 None)
 
@@ -853,13 +901,15 @@ def attention(q, k, v, bias, w1, b1, w2, b2, variant, causal, q_offset=0, scale=
     """softmax(mask(A + [B] + f(A, B))) @ v for all heads of a layer, f being DAPE's (dape.py), fused.
 
     q [B, H, Tq, hs]; k, v [B, H, Tk, hs] (float32, or float16 / bfloat16 under autocast; one dtype).
-    bias: None (an encoding without a bias: f sees A alone, variant 'concat_residual'), or float32 maps
-    [H, Tq, Tk] (shared by the batch), [1, H, Tq, Tk] or [B, H, Tq, Tk]. w1 [D, C_in, k], b1 [D], w2 [H, D, k],
-    b2 [H]: DAPEV1 / DAPEV2.weights() (k = 1 for V1, odd), C_in = 2H for concat_residual / concat with a
-    bias, else H. variant: one of VARIANTS. causal: key j is masked for query row i when j > q_offset + i
-    (q_offset: the position of the first query, for blocks of queries and KV-cache steps). scale: of A,
-    1 / sqrt(hs) by default. Returns y [B, H, Tq, hs] in v's dtype; differentiable in q, k, v, bias and
-    the weights. config: launch settings overriding launch_config(q.device)'s (keys of CONFIGS' entries)."""
+    bias: None (an encoding without a bias: f sees A alone, variant 'concat_residual'); float32 maps
+    [H, Tq, Tk] (shared by the batch), [1, H, Tq, Tk] or [B, H, Tq, Tk]; or terms, a pair (u [B, H, Tq],
+    w [B, H, Tk]) meaning B_ij = u_i - w_j (FoX's forget gates: formed on chip, no map in memory).
+    w1 [D, C_in, k], b1 [D], w2 [H, D, k], b2 [H]: DAPEV1 / DAPEV2.weights() (k = 1 for V1, odd), C_in = 2H
+    for concat_residual / concat with a bias, else H. variant: one of VARIANTS. causal: key j is masked for
+    query row i when j > q_offset + i (q_offset: the position of the first query, for blocks of queries and
+    KV-cache steps). scale: of A, 1 / sqrt(hs) by default. Returns y [B, H, Tq, hs] in v's dtype;
+    differentiable in q, k, v, the bias (or u and w) and the weights. config: launch settings overriding
+    launch_config(q.device)'s (keys of CONFIGS' entries)."""
     _check(q, k, v, bias, w1, b1, w2, b2, variant, causal, q_offset, scale, config)
     _build()
     if scale is None:
@@ -867,8 +917,12 @@ def attention(q, k, v, bias, w1, b1, w2, b2, variant, causal, q_offset=0, scale=
     launch = dict(launch_config(q.device), **(config or {}))
     cfg = _Config(variant, causal, int(q_offset), float(scale), launch)
     # float32 bias and weights outside the Function, so that autograd casts their gradients back
-    bias = bias.float() if bias is not None else None
-    return _Attention.apply(q, k, v, bias, w1.float(), b1.float(), w2.float(), b2.float(), cfg)
+    u = w = None
+    if isinstance(bias, tuple):
+        (u, w), bias = (t.float() for t in bias), None
+    elif bias is not None:
+        bias = bias.float()
+    return _Attention.apply(q, k, v, bias, u, w, w1.float(), b1.float(), w2.float(), b2.float(), cfg)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -883,10 +937,10 @@ TOLERANCE = {torch.float32: 1e-3, torch.float16: 0.1, torch.bfloat16: 0.2}
 _CHECKS = {}  # kind of call -> None (the kernels agreed) or why they cannot be used for it
 
 
-def self_check(module, q, has_bias, bias_grad, causal):
+def self_check(module, q, bias_kind, bias_grad, causal):
     """None when the kernels can be trusted for calls like this one, else why not. module: the layer's DAPE
     module (dape.py: weights(), variant, probs()); q: the call's queries (device, dtype, heads, head size);
-    has_bias, bias_grad: the call passes a bias map, which needs its gradient; causal.
+    bias_kind: None, "map" or "terms" (see attention()); bias_grad: the bias needs its gradient; causal.
 
     The first call of each kind (those, and whether autograd records) runs the kernels at a tiny size on
     random inputs, a whole sequence and one KV-cache step, and compares the output and, when autograd
@@ -896,58 +950,68 @@ def self_check(module, q, has_bias, bias_grad, causal):
     every later call of that kind."""
     w1 = module.weights()[0]
     train = torch.is_grad_enabled()
-    key = (str(q.device), q.dtype, q.shape[1], q.shape[3], tuple(w1.shape), module.variant, has_bias, bias_grad,
+    key = (str(q.device), q.dtype, q.shape[1], q.shape[3], tuple(w1.shape), module.variant, bias_kind, bias_grad,
            causal, train)
     if key not in _CHECKS:
         try:
-            _CHECKS[key] = _compare(module, q, has_bias, bias_grad, causal, train)
+            _CHECKS[key] = _compare(module, q, bias_kind, bias_grad, causal, train)
         except Exception as e:  # whatever stops the kernels here stops them for every call of the kind
             text = str(e).strip()
             _CHECKS[key] = f"{type(e).__name__}" + (f": {text.splitlines()[-1][:300]}" if text else "")
     return _CHECKS[key]
 
 
-def _compare(module, q, has_bias, bias_grad, causal, train, Bn=2, T=35):
+def _compare(module, q, bias_kind, bias_grad, causal, train, Bn=2, T=35):
     """self_check's comparison: None or the first disagreement."""
     device, dtype, H, hs = q.device, q.dtype, q.shape[1], q.shape[3]
     g = torch.Generator().manual_seed(0)
     rnd = lambda *shape: torch.randn(*shape, generator=g).to(device)
     q, k, v = (rnd(Bn, T, H, hs).to(dtype).transpose(1, 2) for _ in range(3))  # as the model lays them out
-    bias = rnd(H, T, T) if has_bias else None
+    if bias_kind == "terms":  # running sums of log forget gates, as FoX's
+        bias = tuple(F.logsigmoid(rnd(Bn, H, T) + 2).cumsum(-1) for _ in range(2))
+    else:
+        bias = rnd(H, T, T) if bias_kind == "map" else None
     future = torch.ones(T, T, dtype=torch.bool, device=device).triu(1) if causal else None
     params = list(module.parameters())
 
-    def pytorch(q, k, v, bias, rows):
+    def rows(bias, sel):  # the bias of the query rows sel
+        if bias is None:
+            return None
+        return (bias[0][..., sel], bias[1]) if isinstance(bias, tuple) else bias[:, sel]
+
+    def pytorch(q, k, v, bias, sel):
         A = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(hs)
-        mask = None if future is None else future[rows]
-        return module.probs(A, bias, mask) @ v.float()
+        if isinstance(bias, tuple):
+            bias = bias[0][..., :, None] - bias[1][..., None, :]
+        return module.probs(A, bias, None if future is None else future[sel]) @ v.float()
 
     with torch.autocast(device.type, enabled=False), torch.set_grad_enabled(train):
         # a KV-cache step: the last query against every key
         last = slice(T - 1, T)
-        got = attention(q[:, :, last], k, v, None if bias is None else bias[:, last], *module.weights(),
-                        module.variant, causal, q_offset=T - 1)
-        want = pytorch(q[:, :, last], k, v, None if bias is None else bias[:, last], last)
+        got = attention(q[:, :, last], k, v, rows(bias, last), *module.weights(), module.variant, causal,
+                        q_offset=T - 1)
+        want = pytorch(q[:, :, last], k, v, rows(bias, last), last)
         why = _disagreement("y (one KV-cache step)", [got], [want], dtype)
         if why is not None:
             return why
         # a whole sequence, and the gradients
         leaves = [t.detach().requires_grad_(train) for t in (q, k, v)]
-        if bias is not None:
-            leaves.append(bias.detach().requires_grad_(train and bias_grad))
+        bias_leaves = [t.detach().requires_grad_(train and bias_grad)
+                       for t in (bias if isinstance(bias, tuple) else [bias] if bias is not None else [])]
+        call_bias = tuple(bias_leaves) if isinstance(bias, tuple) else bias_leaves[0] if bias_leaves else None
         results = []
-        for fn in (lambda: attention(*leaves[:3], leaves[3] if bias is not None else None, *module.weights(),
-                                     module.variant, causal),
-                   lambda: pytorch(*leaves[:3], leaves[3] if bias is not None else None, slice(None))):
+        for fn in (lambda: attention(*leaves, call_bias, *module.weights(), module.variant, causal),
+                   lambda: pytorch(*leaves, call_bias, slice(None))):
             y = fn()
             out = [y.detach().float()]
             if train:
-                wrt = [t for t in leaves if t.requires_grad] + params
+                wrt = leaves + [t for t in bias_leaves if t.requires_grad] + params
                 G = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(device)
                 out += [t.float() for t in torch.autograd.grad((y.float() * G).sum(), wrt)]
             results.append(out)
-    names = ["y", "dq", "dk", "dv"] + (["dbias"] if bias_grad and bias is not None else []) + \
-            [f"d{name}" for name, _ in module.named_parameters()]
+    names = ["y", "dq", "dk", "dv"] + ([f"d{n}" for n in (("u", "w") if bias_kind == "terms" else ("bias",))]
+                                       if bias_grad and bias is not None else []) + \
+        [f"d{name}" for name, _ in module.named_parameters()]
     # b2's gradient is zero in truth (a constant per head, under the softmax): only its size is compared
     zero = [False] * (len(names) - len(params)) + [p is module.weights()[3] for p in params]
     return _disagreement(names, *results, dtype, zero)

@@ -94,6 +94,8 @@ class GPTConfig:
         if self.dape_kernel % 2 == 0:
             fail(f"dape_kernel must be odd (the (1, k) conv is centred on the key), got {self.dape_kernel}")
         PE = ENCODINGS[self.pos]
+        if PE.causal_only and not self.causal:
+            fail(f"pos={self.pos} is defined for causal attention only; use causal=True or another encoding")
         if self.dape == "none" and self.dape_variant != "concat_residual":
             fail(f"dape_variant={self.dape_variant!r} has no effect with dape='none'; set dape=v1 or v2")
         if self.dape != "none" and not PE.has_bias and self.dape_variant != "concat_residual":
@@ -151,13 +153,15 @@ class SelfAttention(nn.Module):
     def forward(self, x, pe, pos_q, pos_k, cache=None, layer=0):
         B, T, C = x.shape
         q, k, v = self.qkv(x, pe, pos_q)
-        t0 = 0
-        if cache is not None:  # keys and values of earlier tokens come first
-            t0 = len(cache)
+        t0 = len(cache) if cache is not None else 0
+        # an encoding that reads the layer's input (FoX's forget gates): its state for every key
+        state = pe.state(x, cache.state[layer] if t0 else None) if pe.reads_input else None
+        if cache is not None:  # keys and values (and states) of earlier tokens come first
             if t0:
                 k, v = torch.cat((cache.k[layer], k), dim=2), torch.cat((cache.v[layer], v), dim=2)
-            cache.k[layer], cache.v[layer] = k, v
-        y = self.attend(q, k, v, pe, pos_q, pos_k, t0)
+                state = torch.cat((cache.state[layer], state), dim=-1) if state is not None else None
+            cache.k[layer], cache.v[layer], cache.state[layer] = k, v, state
+        y = self.attend(q, k, v, pe, pos_q, pos_k, t0, state)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -182,7 +186,9 @@ class SelfAttention(nn.Module):
             step = min(step, ATTN_BLOCK_CACHE_CPU // (B * self.n_head * Tk))
         return max(1, min(Tq, step))
 
-    def attend(self, q, k, v, pe, pos_q, pos_k, t0):
+    def attend(self, q, k, v, pe, pos_q, pos_k, t0, state=None):
+        """state: the state of every key, [B, H, Tk], of an encoding that reads the layer's input
+        (pe.reads_input), else None; its bias reads (the queries' state, the keys' state)."""
         Tq, Tk = q.shape[2], k.shape[2]
         fused = self.fused(q, pe)
         step = self.query_block(q.shape[0], Tq, Tk, q.device, fused)
@@ -190,13 +196,17 @@ class SelfAttention(nn.Module):
         ys = []
         for s in range(0, Tq, step):
             e = min(s + step, Tq)
+            st = None if state is None else (state[..., t0 + s:t0 + e], state)  # the queries are the last keys
             if fused:  # softmax(mask(A + bias + f)) . v in one kernel, A and f never in memory
-                bias = pe.bias(pos_q[s:e], pos_k) if pe.has_bias else None
+                if pe.separable:  # B_ij = u_i - w_j, formed on chip
+                    bias = pe.bias_terms(pos_q[s:e], pos_k, st)
+                else:
+                    bias = pe.bias(pos_q[s:e], pos_k, state=st) if pe.has_bias else None
                 ys.append(dape_triton.attention(q[:, :, s:e], k, v, bias, *self.dape.weights(), self.dape.variant,
                                                 self.causal, q_offset=t0 + s))
                 continue
             qi = torch.arange(t0 + s, t0 + e, device=q.device)
-            ys.append(self.attend_block(q[:, :, s:e], k, v, pe, pos_q[s:e], pos_k, qi, ki))
+            ys.append(self.attend_block(q[:, :, s:e], k, v, pe, pos_q[s:e], pos_k, qi, ki, st))
         return ys[0] if len(ys) == 1 else torch.cat(ys, dim=2)
 
     def fused(self, q, pe):
@@ -213,7 +223,8 @@ class SelfAttention(nn.Module):
             why = _triton_missing(q, self.dape)
         if why is None:
             bias_grad = pe.has_bias and torch.is_grad_enabled() and any(p.requires_grad for p in pe.parameters())
-            failed = dape_triton.self_check(self.dape, q, pe.has_bias, bias_grad, self.causal)
+            kind = ("terms" if pe.separable else "map") if pe.has_bias else None
+            failed = dape_triton.self_check(self.dape, q, kind, bias_grad, self.causal)
             if failed is not None:
                 why = f"its self-check on this device ({failed})"
         if why is None:
@@ -223,16 +234,16 @@ class SelfAttention(nn.Module):
         warn_once(f"DAPE's fused kernel does not cover {why}: using the PyTorch path")
         return False
 
-    def scores(self, q, k, pe, pos_q, pos_k, qi, ki):
+    def scores(self, q, k, pe, pos_q, pos_k, qi, ki, state=None):
         """The logits' terms [B, H, Tq, Tk] of the queries at sequence indices qi: A with CoPE's
         contextual term added, the encoding's bias ([H, Tq, Tk] or [B, H, Tq, Tk], or None), and the
         content logits A alone."""
         # q is scaled rather than A: scaling the [B, H, Tq, Tk] map costs a pass over it, and another in backward
         A = ((q * (1.0 / math.sqrt(self.head_size))) @ k.transpose(-2, -1)).float()
         A_pe = pe.logits(A, q, qi, ki) if pe.contextual else A
-        return A_pe, (pe.bias(pos_q, pos_k, q, k) if pe.has_bias else None), A
+        return A_pe, (pe.bias(pos_q, pos_k, q, k, state) if pe.has_bias else None), A
 
-    def attend_block(self, q, k, v, pe, pos_q, pos_k, qi, ki):
+    def attend_block(self, q, k, v, pe, pos_q, pos_k, qi, ki, state=None):
         """Attention of the queries at sequence indices qi to all keys (indices ki)."""
         future = ki[None, :] > qi[:, None] if self.causal else None  # [Tq, Tk], True = masked
         dropout_p = self.dropout if self.training else 0.0
@@ -245,15 +256,17 @@ class SelfAttention(nn.Module):
                 if q.shape[2] == k.shape[2]:  # then qi == ki: the ordinary square causal mask
                     return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
                 return F.scaled_dot_product_attention(q, k, v, attn_mask=~future, dropout_p=dropout_p)
-            bias = pe.bias(pos_q, pos_k)
+            bias = pe.bias(pos_q, pos_k, state=state)
             if future is not None:
                 bias = bias.masked_fill(future, float("-inf"))
-            # as [1, H, Tq, Tk]: PyTorch's CPU kernel is much slower with a 3-D [H, Tq, Tk] mask (README,
-            # "Benchmark"). Under autocast SDPA wants the mask in q's dtype: the float32 bias is rounded
-            # once, as the logits themselves are
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype)[None], dropout_p=dropout_p)
+            # as [1, H, Tq, Tk] (or [B, H, Tq, Tk]): PyTorch's CPU kernel is much slower with a 3-D [H, Tq, Tk]
+            # mask (README, "Benchmark"). Under autocast SDPA wants the mask in q's dtype: the float32 bias is
+            # rounded once, as the logits themselves are
+            bias = bias.to(q.dtype)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias if bias.dim() == 4 else bias[None],
+                                                  dropout_p=dropout_p)
 
-        A, bias, _ = self.scores(q, k, pe, pos_q, pos_k, qi, ki)
+        A, bias, _ = self.scores(q, k, pe, pos_q, pos_k, qi, ki, state)
         if self.dape is not None:  # softmax(mask(A + bias + f)), without f where the mask hides it
             att = self.dape.probs(A, bias, future)
         else:
@@ -274,7 +287,9 @@ class SelfAttention(nn.Module):
         q, k, v = self.qkv(x, pe, pos)
         qi = torch.as_tensor(rows, device=x.device)
         ki = torch.arange(T, device=x.device)
-        A, bias, content = self.scores(q[:, :, qi], k, pe, pos[qi], pos, qi, ki)
+        state = pe.state(x) if pe.reads_input else None
+        state = None if state is None else (state[..., qi], state)
+        A, bias, content = self.scores(q[:, :, qi], k, pe, pos[qi], pos, qi, ki, state)
         if bias is not None:
             bias = bias.expand_as(A)
         future = ki[None, :] > qi[:, None] if self.causal else None
@@ -374,10 +389,11 @@ class Block(nn.Module):
 
 
 class KVCache:
-    """Keys, values and positions of the tokens seen so far, for incremental decoding."""
+    """Keys, values and positions of the tokens seen so far, for incremental decoding (and the state of an
+    encoding that reads the layer's input, FoX's running sum of log forget gates)."""
 
     def __init__(self, n_layer):
-        self.k, self.v = [None] * n_layer, [None] * n_layer
+        self.k, self.v, self.state = [None] * n_layer, [None] * n_layer, [None] * n_layer
         self.pos = None
 
     def __len__(self):

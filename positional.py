@@ -6,10 +6,16 @@ know which one it is talking to:
 
     absolute      adds embed(pos) [T, C] to the token embeddings, once, below the first layer
     rotary        rotates q and k by their positions: rotate(x, pos)
-    has_bias      adds a bias B to the logits: bias(pos_q, pos_k, q, k) -> [H, Tq, Tk] or [B, H, Tq, Tk];
-                  this B is what DAPE reads as its second input
+    has_bias      adds a bias B to the logits: bias(pos_q, pos_k, q, k, state) -> [H, Tq, Tk] or
+                  [B, H, Tq, Tk]; this B is what DAPE reads as its second input
     contextual    adds a content-dependent term to the logits A themselves: logits(A, q, qi, ki)
     needs_content B or the extra term depends on q/k, so it must be computed per batch element
+    reads_input   B depends on the layer's input x (its normalised residual stream): state(x, prev) gives
+                  a per-token state [B, H, T] (continued from prev, the cached tokens' state), and bias()
+                  reads `state`, the pair (the queries' state, the keys' state)
+    separable     B_ij = u_i - w_j: bias_terms(pos_q, pos_k, state) gives u [B, H, Tq] and w [B, H, Tk], and
+                  the fused kernel of dape_triton.py forms B on chip instead of reading a map
+    causal_only   defined for causal attention only (a bidirectional model is an error)
     per_layer     each layer has its own instance (False: one instance shared by all layers)
 
 `pos` are absolute positions (int64, [T]); distances are pos_q - pos_k, built in float32 whatever
@@ -33,6 +39,9 @@ class PositionalEncoding(nn.Module):
     has_bias = False
     contextual = False
     needs_content = False
+    reads_input = False
+    separable = False
+    causal_only = False
     per_layer = True
     uses_positions = True  # False: randomized positions would change nothing
     distance_based = False  # the bias is a function of distance() alone (see bidir_bias)
@@ -269,7 +278,7 @@ class T5Bias(PositionalEncoding):
     def reset_parameters(self):
         nn.init.normal_(self.table.weight, std=0.02)
 
-    def bias(self, pos_q, pos_k, q=None, k=None):
+    def bias(self, pos_q, pos_k, q=None, k=None, state=None):
         rel = pos_k[None, :] - pos_q[:, None]
         buckets = t5_relative_bucket(rel, not self.causal, self.num_buckets, self.max_distance)
         return self.table(buckets).float().permute(2, 0, 1)  # [H, Tq, Tk]
@@ -296,7 +305,7 @@ class ALiBi(PositionalEncoding):
         super().__init__(config)
         self.register_buffer("slopes", alibi_slopes(config.n_head), persistent=False)
 
-    def bias(self, pos_q, pos_k, q=None, k=None):
+    def bias(self, pos_q, pos_k, q=None, k=None, state=None):
         return -self.slopes[:, None, None] * self.distance(pos_q, pos_k)
 
 
@@ -315,7 +324,7 @@ class Kerple(PositionalEncoding):
         nn.init.uniform_(self.r1, 0, 2)
         nn.init.uniform_(self.r2, 0, 1)
 
-    def bias(self, pos_q, pos_k, q=None, k=None):
+    def bias(self, pos_q, pos_k, q=None, k=None, state=None):
         r1, r2 = _clamp_forward(self.r1, 0.01).float(), _clamp_forward(self.r2, 0.01).float()
         return -r1 * torch.log1p(r2 * self.distance(pos_q, pos_k))
 
@@ -335,7 +344,7 @@ class KerplePower(PositionalEncoding):
         nn.init.uniform_(self.a, 0, 1)
         nn.init.uniform_(self.p, 0, 2)
 
-    def bias(self, pos_q, pos_k, q=None, k=None):
+    def bias(self, pos_q, pos_k, q=None, k=None, state=None):
         a, p = _clamp_forward(self.a, 0.01).float(), _clamp_forward(self.p, 0.01, 2.0).float()
         d = self.distance(pos_q, pos_k)
         # d^p has gradient d^p * log(d) in p, which is 0 * -inf at d = 0: keep d = 0 out of the power
@@ -366,7 +375,7 @@ class FIRE(PositionalEncoding):
         nn.init.constant_(self.c, 0.1)
         nn.init.constant_(self.L_mult, 1.0)
 
-    def bias(self, pos_q, pos_k, q=None, k=None):
+    def bias(self, pos_q, pos_k, q=None, k=None, state=None):
         c = self.c.abs().float()
         psi = lambda x: torch.log(c * x + 1)
         d = self.distance(pos_q, pos_k)
@@ -438,7 +447,7 @@ class XLRelative(PositionalEncoding):
         nn.init.zeros_(self.u)
         nn.init.zeros_(self.v)
 
-    def bias(self, pos_q, pos_k, q=None, k=None):
+    def bias(self, pos_q, pos_k, q=None, k=None, state=None):
         B, H, Q, hs = q.shape
         rel = pos_q[:, None] - pos_k[None, :]  # signed distance i - j, int64
         if self.causal:
@@ -451,6 +460,48 @@ class XLRelative(PositionalEncoding):
             pos_term = pos_term.gather(-1, (rel - lo).expand(B, H, Q, -1))
             content_term = (k.float() @ self.u[:, :, None]).transpose(-1, -2)  # [B, H, 1, Tk]
         return (pos_term + content_term) / math.sqrt(hs)
+
+
+class FoX(PositionalEncoding):
+    """Lin et al. 2025 (the Forgetting Transformer): a forget gate per head and token, f_t = sigmoid(w_h .
+    x_t + b_h) from the layer's normalised input x, and B_ij = sum of log f_t over j < t <= i = c_i - c_j,
+    with c = cumsum(log f) along the sequence. A key fades by the gates of the tokens after it, as an RNN's
+    state would: a bias that depends on the content, with no positions at all. Causal only (the sum runs
+    from the key to the query). log f and c are float32 under any autocast, as in the reference. Gate and
+    init as the reference's default ("full": data-dependent, a Linear of the input, weights N(0, 0.02),
+    bias 0, so f = 1/2 at init): see docs/encodings.md."""
+    has_bias = True
+    reads_input = True
+    separable = True
+    causal_only = True
+    uses_positions = False
+
+    def __init__(self, config):
+        super().__init__(config)
+        if not config.causal:
+            raise ValueError("pos=fox is defined for causal attention only (its gates accumulate from a key "
+                             "to the query after it); use causal=True or another encoding")
+        self.gate = nn.Linear(config.n_embd, config.n_head, bias=True)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        nn.init.normal_(self.gate.weight, std=0.02)
+        nn.init.zeros_(self.gate.bias)
+
+    def state(self, x, prev=None):
+        """c [B, H, T] float32 of the tokens x [B, T, C]: the running sum of log f, continued from prev (the
+        cached tokens' c, [B, H, T0]) when given."""
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            log_f = F.logsigmoid(self.gate(x.float())).transpose(1, 2)
+        c = log_f.cumsum(dim=-1)
+        return c if prev is None or prev.shape[-1] == 0 else c + prev[..., -1:]
+
+    def bias_terms(self, pos_q, pos_k, state):
+        return state  # (c of the queries, c of the keys): B_ij = c_i - c_j
+
+    def bias(self, pos_q, pos_k, q=None, k=None, state=None):
+        u, w = self.bias_terms(pos_q, pos_k, state)
+        return u[..., :, None] - w[..., None, :]  # [B, H, Tq, Tk]
 
 
 # -----------------------------------------------------------------------------
@@ -467,4 +518,5 @@ ENCODINGS = {
     "fire": FIRE,
     "cope": CoPE,
     "xl": XLRelative,
+    "fox": FoX,
 }

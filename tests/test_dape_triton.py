@@ -309,6 +309,8 @@ BAD = {
     "no-bias-variant": (dict(bias=None, variant="concat"), "needs a bias"),
     "bias-shape": (dict(bias=torch.zeros(3, 7, 6)), "bias must be"),
     "bias-batch": (dict(bias=torch.zeros(2, 3, 7, 7)), "bias must be"),
+    "bias-terms": (dict(bias=(torch.zeros(1, 3, 7), torch.zeros(1, 3, 6))), r"bias terms must be u \[B, H, Tq\]"),
+    "bias-terms-pair": (dict(bias=(torch.zeros(1, 3, 7),)), r"bias terms must be a pair"),
     "w1-channels": (dict(w1=torch.zeros(6, 3, 3)), "C_in = 6"),
     "even-kernel": (dict(w1=torch.zeros(6, 6, 2), w2=torch.zeros(3, 6, 2)), "must be odd"),
     "w2-shape": (dict(w2=torch.zeros(3, 5, 3)), "w2"),
@@ -403,3 +405,42 @@ def test_27b_heads_run_fused():
     short length."""
     inputs = make(Bn=1, H=32, hs=80, D=32, Tq=17)
     assert_matches_reference(inputs, "concat_residual", True)
+
+
+TERMS = {
+    "v1": (1, dict(Tq=37), {}),
+    "v2": (3, dict(Tq=20), {}),
+    "v1-query-block": (1, dict(Tq=18, Tk=37), dict(q_offset=16)),
+    "v2-20-heads": (3, dict(H=20, Tq=17, Bn=1), {}),
+}
+
+
+@pytest.mark.parametrize("case", list(TERMS))
+def test_bias_terms_match_the_map_they_stand_for(case):
+    """FoX's bias B_ij = u_i - w_j (u, w: running sums of log forget gates) given as its terms, which the
+    kernels form on chip: the same output and gradients as the float64 reference reading the map, u's and
+    w's gradients flowing through the map's construction."""
+    ks, shape, kwargs = TERMS[case]
+    q, k, v, _, w1, b1, w2, b2 = make(ks=ks, bias=None, variant="concat_residual", **shape)
+    Bn, H, Tq = q.shape[:3]
+    Tk = k.shape[2]
+    g = torch.Generator().manual_seed(3)
+    gates = torch.nn.functional.logsigmoid(torch.randn(Bn, H, Tk, generator=g, dtype=torch.float64) + 2).cumsum(-1)
+    off = kwargs.get("q_offset", 0)
+    u, w = gates[..., off:off + Tq].to(DEVICE), gates.to(DEVICE)
+    C = 2 * H
+    w1 = torch.randn(w1.shape[0], C, ks, generator=g, dtype=torch.float64).to(DEVICE) * 0.5
+    G = torch.randn(q.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(DEVICE)
+
+    def run(fn, dtype, as_map):
+        xs = [t.detach().to(dtype).requires_grad_() for t in (q, k, v, u, w, w1, b1, w2, b2)]
+        bias = xs[3][..., :, None] - xs[4][..., None, :] if as_map else (xs[3], xs[4])
+        y = fn(*xs[:3], bias, *xs[5:], "concat_residual", True, **kwargs)
+        return [y.detach()] + list(torch.autograd.grad((y.to(G.dtype) * G).sum(), xs))
+
+    want = run(reference, torch.float64, as_map=True)
+    got = run(dape_triton.attention, torch.float32, as_map=False)
+    top = max(t.abs().max().item() for t in want)
+    for name, a, b in zip(["y", "q", "k", "v", "u", "w", "w1", "b1", "w2", "b2"], got, want):
+        err = (a.double() - b).abs().max().item() / max(b.abs().max().item(), 1e-2 * top)
+        assert err < TOL, f"{name}: max error {err:.2e}"

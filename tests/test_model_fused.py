@@ -33,7 +33,8 @@ def pair(**kw):
 
 @pytest.mark.parametrize("kw", [dict(pos="kerple", dape="v1"), dict(pos="alibi", dape="v2"),
                                 dict(pos="rope", dape="v1"), dict(pos="t5", dape="v2", dape_variant="concat"),
-                                dict(pos="fire", dape="v1", dape_variant="add_residual")])
+                                dict(pos="fire", dape="v1", dape_variant="add_residual"),
+                                dict(pos="fox", dape="v1"), dict(pos="fox", dape="v2", dape_variant="bias_only")])
 def test_training_step_equals_the_pytorch_path(kw):
     fused, plain = pair(**kw)
     x = torch.randint(0, 32, (2, 19))  # past the training length and over two 16-key tiles
