@@ -128,6 +128,7 @@ timing_repeats = 5
 fit_archs = "80,86,89,90"  # compute capabilities the fused kernel is compiled for (sm_80: A100, ... sm_90: H100)
 fit_dtypes = "bfloat16,float16,float32"
 fit_out = "docs/kernel_fit.json"  # the table the fit test reads; entries of the same kernels are reused
+fit_jobs = 1  # compiler processes at once (one per CPU core)
 threads = 0  # torch.set_num_threads; 0: PyTorch's default
 seed = 0
 out = "results/bench.json"
@@ -657,17 +658,26 @@ def timing_section(cfg):
 
 
 def config_head_shapes():
-    """(heads, head size, f's width) -> the config files that train at that shape."""
+    """(heads, head size, f's width) -> the config files that train at that shape. Head sizes that are
+    multiples of 16 and pad to the same power of two compile to the same kernels (the size is a runtime
+    argument, specialized only by its divisibility by 16; tests/test_dape_triton.py checks 80 against 128):
+    such shapes share the row of the largest."""
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
-    shapes = {}
+    found_shapes = {}
     for name in sorted(os.listdir(root)):
         if name.endswith(".py"):
             found = {}
             exec(open(os.path.join(root, name)).read(), {}, found)
             if "n_head" in found:
                 H = found["n_head"]
-                key = (H, found["n_embd"] // H, found.get("dape_width", GPTConfig.dape_width))
-                shapes.setdefault(key, []).append(name[:-3])
+                hs = found["n_embd"] // H
+                found_shapes.setdefault((H, hs, found.get("dape_width", GPTConfig.dape_width)), []).append(name[:-3])
+    shapes = {}
+    for (H, hs, D), names in sorted(found_shapes.items()):
+        same = [s for s in found_shapes if s[0] == H and s[2] == D and s[1] % 16 == 0 and hs % 16 == 0
+                and max(16, 1 << (s[1] - 1).bit_length()) == max(16, 1 << (hs - 1).bit_length())]
+        rep = max(same, key=lambda s: s[1]) if same else (H, hs, D)
+        shapes.setdefault(rep, []).extend(n if (H, hs, D) == rep else f"{n} ({H}x{hs})" for n in names)
     return shapes
 
 
@@ -685,24 +695,39 @@ def fit_section(cfg):
             old = {fit_key(e): e for e in table["entries"]}
     shapes = config_head_shapes()
     entries, t0 = [], time.time()
-    grid = [(arch, dtype, shape, ks, bias, causal) for arch in [int(a) for a in cfg["fit_archs"].split(",")]
-            for dtype in cfg["fit_dtypes"].split(",") for shape in shapes for ks in (1, 3)
-            for bias in (True, False) for causal in (True, False)]
-    for i, (arch, dtype, (H, hs, D), ks, bias, causal) in enumerate(grid):
+    todo = []
+    archs, dtypes = [int(a) for a in cfg["fit_archs"].split(",")], cfg["fit_dtypes"].split(",")
+    grid = [(arch, dtype, shape, ks, bias, causal) for arch in archs for dtype in dtypes for shape in shapes
+            for ks in (1, 3) for bias in (True, False) for causal in (True, False)]
+    # FoX's bias as terms (formed on chip; causal only), in the 16-bit dtypes training uses
+    grid += [(arch, dtype, shape, ks, "terms", True) for arch in archs for dtype in dtypes if dtype != "float32"
+             for shape in shapes for ks in (1, 3)]
+    for arch, dtype, (H, hs, D), ks, bias, causal in grid:
         e = dict(arch=arch, dtype=dtype, n_head=H, head_size=hs, width=D, kernel_size=ks, bias=bias, causal=causal)
         if fit_key(e) in old:
             entries.append(old[fit_key(e)])
-            continue
-        e["refused"] = dape_triton.refused(arch, getattr(torch, dtype), H, hs, D, ks)
-        e.update(dape_triton.compile_for(arch, getattr(torch, dtype), H, hs, D, ks, bias=bias, causal=causal))
-        entries.append(e)
-        print(f"fit {i + 1}/{len(grid)}: " + fit_line(e), flush=True)
-        if (i + 1) % 8 == 0 or i + 1 == len(grid):  # written as it goes: an interrupted run resumes
-            write_fit(cfg["fit_out"], digest, shapes, entries)
+        else:
+            e["refused"] = dape_triton.refused(arch, getattr(torch, dtype), H, hs, D, ks)
+            todo.append(e)
+    from concurrent.futures import ProcessPoolExecutor
+    import multiprocessing
+    with ProcessPoolExecutor(cfg["fit_jobs"], mp_context=multiprocessing.get_context("spawn")) as pool:
+        for i, (e, result) in enumerate(zip(todo, pool.map(compile_entry, todo))):
+            entries.append(dict(e, **result))
+            print(f"fit {i + 1}/{len(todo)} compiled ({len(entries)} of {len(grid)}): " + fit_line(entries[-1]),
+                  flush=True)
+            if (i + 1) % 8 == 0:  # written as it goes: an interrupted run resumes
+                write_fit(cfg["fit_out"], digest, shapes, entries)
     write_fit(cfg["fit_out"], digest, shapes, entries)
     print(f"\nfit: {len(entries)} combinations ({time.time() - t0:.0f} s), written to {cfg['fit_out']}\n")
     print(fit_markdown(entries, shapes))
     return dict(source_hash=digest, entries=entries)
+
+
+def compile_entry(e):
+    import dape_triton
+    return dape_triton.compile_for(e["arch"], getattr(torch, e["dtype"]), e["n_head"], e["head_size"], e["width"],
+                                   e["kernel_size"], bias=e["bias"], causal=e["causal"])
 
 
 def fit_key(e):
@@ -712,7 +737,8 @@ def fit_key(e):
 def fit_line(e):
     f, b = e["forward"], e["backward"]
     return (f"sm_{e['arch']} {e['dtype']} {e['n_head']}x{e['head_size']} D={e['width']} k={e['kernel_size']} "
-            f"{'bias' if e['bias'] else 'no bias'} {'causal' if e['causal'] else 'bidirectional'}: forward "
+            f"{dict([(True, 'bias'), (False, 'no bias'), ('terms', 'FoX terms')])[e['bias']]} "
+            f"{'causal' if e['causal'] else 'bidirectional'}: forward "
             f"{f['shared'] // 1024} KB {f['registers']} regs {f['spill_stores']} B spilled, backward "
             f"{b['shared'] // 1024} KB {b['registers']} regs {b['spill_stores']} B spilled"
             + (f" (refused: {e['refused']})" if e["refused"] else ""))
@@ -732,7 +758,7 @@ def write_fit(path, digest, shapes, entries):
 
 def fit_markdown(entries, shapes):
     """The README's table: per architecture, head shape and V1 / V2, the largest figures over dtypes
-    float16 / bfloat16, bias or not, causal or not (float32 in rows of its own)."""
+    float16 / bfloat16, a bias map, FoX's terms or none, causal or not (float32 in rows of its own)."""
     import dape_triton
     rows = {}
     for e in entries:

@@ -332,6 +332,9 @@ class CHETask:
     generate: Callable        # (B, N, rng) -> (x [B, n_in], y [B, |y|])
     masked: bool = False      # accuracy counts only up to and including the first TERMINATOR
     random_baseline: float = 0.5  # random-guess accuracy as reported in the literature
+    causal = False            # CHE trains a bidirectional encoder (retrieval_data.py's tasks are causal)
+    min_len = 1
+    variants = {}             # no test distribution but the training one
 
     def output_length(self, length):
         return self.out_len(length)

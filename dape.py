@@ -32,6 +32,7 @@ kernel on CUDA. Both are tested against this file (tests/test_dape.py, tests/tes
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from einops import rearrange
 
 import dape_torch
 
@@ -120,7 +121,7 @@ class DAPEV1(_DAPE):
 
     def f(self, X, future=None):
         """X [B, C, Tq, Tk] -> [B, H, Tq, Tk]: the MLP over the channels of each pair."""
-        return self.mlp(X.movedim(1, -1)).movedim(-1, 1)
+        return rearrange(self.mlp(rearrange(X, "b c i j -> b i j c")), "b i j h -> b h i j")
 
     def weights(self):
         """(w1 [D, C, k], b1 [D], w2 [H, D, k], b2 [H]), the form the fast paths take, k = 1."""

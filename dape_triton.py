@@ -1041,8 +1041,9 @@ def compile_for(arch, dtype, n_head, head_size, width, kernel_size, variant="con
                 causal=True, config=None, T=256, batch=2):
     """Compile both kernels for an NVIDIA architecture (arch: 80, 86, 89, 90) with Triton's compiler and
     ptxas, which need no GPU, specialized exactly as a launch of the model's attention on [batch, n_head, T,
-    head_size] inputs of dtype would be (q and k, v transposed views of [batch, T, n_head, head_size], a bias
-    map [H, T, T] shared by the batch). config: launch settings (default: CONFIGS' entry for arch). Returns
+    head_size] inputs of dtype would be (q and k, v transposed views of [batch, T, n_head, head_size]; bias:
+    True, a map [H, T, T] shared by the batch, "terms", FoX's pair u, w [batch, H, T], or False). config:
+    launch settings (default: CONFIGS' entry for arch). Returns
     {"forward": ..., "backward": ...}, each with shared (bytes of shared memory per block), registers (per
     thread), spill_stores and spill_loads (bytes per thread) as ptxas reports them, and mma (tensor-core
     instructions in the SASS). Needs the kernels compiled, not interpreted: run without TRITON_INTERPRET."""
@@ -1064,14 +1065,17 @@ def compile_for(arch, dtype, n_head, head_size, width, kernel_size, variant="con
     g = torch.Generator().manual_seed(0)
     qkv = [torch.randn(batch, T, n_head, head_size, generator=g).to(dtype).transpose(1, 2) for _ in range(3)]
     q, k, v = qkv
-    B = torch.randn(n_head, T, T, generator=g) if bias else None
+    if bias == "terms":
+        B = (torch.randn(batch, n_head, T, generator=g), torch.randn(batch, n_head, T, generator=g))
+    else:
+        B = torch.randn(n_head, T, T, generator=g) if bias else None
     c_in = 2 * n_head if bias and variant in ("concat_residual", "concat") else n_head
     w1, b1 = torch.randn(width, c_in, kernel_size, generator=g), torch.randn(width, generator=g)
     w2, b2 = torch.randn(n_head, width, kernel_size, generator=g), torch.randn(n_head, generator=g)
     cfg = _Config(variant, causal, 0, 1.0 / math.sqrt(head_size), launch)
     y, lse = torch.empty_like(q), torch.empty(batch, n_head, T)
     launches = {"forward": (_forward, _forward_launch(q, k, v, B, w1, b1, w2, b2, cfg)[:3]),
-                "backward": (_backward, _backward_launch(q, k, v, B, w1, b1, w2, b2, y, lse, y.clone(), bias, cfg)[:3])}
+                "backward": (_backward, _backward_launch(q, k, v, B, w1, b1, w2, b2, y, lse, y.clone(), bool(bias), cfg)[:3])}
     target = GPUTarget("cuda", arch, 32)
     backend = make_backend(target)
     cuobjdump = triton.knobs.nvidia.cuobjdump.path

@@ -27,6 +27,7 @@ from types import SimpleNamespace
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from einops import rearrange
 
 from dape import DAPEV1, DAPEV2, VARIANTS
 from positional import ENCODINGS
@@ -151,7 +152,6 @@ class SelfAttention(nn.Module):
             self.dape = None
 
     def forward(self, x, pe, pos_q, pos_k, cache=None, layer=0):
-        B, T, C = x.shape
         q, k, v = self.qkv(x, pe, pos_q)
         t0 = len(cache) if cache is not None else 0
         # an encoding that reads the layer's input (FoX's forget gates): its state for every key
@@ -162,14 +162,13 @@ class SelfAttention(nn.Module):
                 state = torch.cat((cache.state[layer], state), dim=-1) if state is not None else None
             cache.k[layer], cache.v[layer], cache.state[layer] = k, v, state
         y = self.attend(q, k, v, pe, pos_q, pos_k, t0, state)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        y = rearrange(y, "b h t d -> b t (h d)")  # the heads side by side again
         return self.resid_dropout(self.c_proj(y))
 
     def qkv(self, x, pe, pos):
         """Queries, keys and values [B, H, T, hs] of x [B, T, C] (rotated, for RoPE)."""
-        B, T, C = x.shape
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, self.head_size).transpose(1, 2) for t in (q, k, v))
+        q, k, v = (rearrange(t, "b t (h d) -> b h t d", h=self.n_head) for t in (q, k, v))
         if pe.rotary:
             q, k = pe.rotate(q, pos), pe.rotate(k, pos)
         return q, k, v
@@ -299,7 +298,7 @@ class SelfAttention(nn.Module):
             logits = self.dape(A, bias, future)
             f = logits - A - (bias if bias is not None and self.dape.variant != "concat" else 0.0)
         att = F.softmax(logits if future is None else logits.masked_fill(future, float("-inf")), dim=-1)
-        y = (att.to(v.dtype) @ v).transpose(1, 2).reshape(1, len(qi), -1)
+        y = rearrange(att.to(v.dtype) @ v, "b h r d -> b r (h d)")
         # for CoPE the position term drawn as the bias is its contextual term, and A the content logits
         position = bias if bias is not None else (A - content if pe.contextual else None)
         sq = lambda t: None if t is None else t[0].float().cpu()

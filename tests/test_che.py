@@ -446,7 +446,7 @@ def test_runner_cli_end_to_end(tmp_path):
     # a bad option fails fast with one line, before any training
     p = subprocess.run([sys.executable, 'che_tasks.py', '--task=nope'], cwd=ROOT, capture_output=True,
                        text=True, timeout=60)
-    assert p.returncode == 2 and 'unknown CHE task' in p.stderr
+    assert p.returncode == 2 and "unknown task 'nope'" in p.stderr
 
 
 @pytest.mark.parametrize('option, message', [

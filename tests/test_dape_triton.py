@@ -340,15 +340,20 @@ def test_matches_reference_larger(ks):
 
 
 # Compiled for GPUs this machine does not have (Triton's compiler and ptxas need none), in a process of
-# its own: the kernels here are interpreted. Each (architecture, dtype, heads, head size, D, k) compiles the
-# forward and backward kernels as a launch of the model's attention would specialize them.
-SAMPLE = [(80, "bfloat16", 12, 64, 32, 3), (86, "bfloat16", 12, 64, 32, 3), (89, "float16", 32, 128, 32, 1),
-          (90, "bfloat16", 32, 128, 32, 3), (86, "float32", 4, 32, 32, 3)]
+# its own: the kernels here are interpreted. Each entry compiles the forward and backward kernels as a launch
+# of the model's attention would specialize them: (architecture, dtype, heads, head size, D, k, bias, causal).
+SAMPLE = [(80, "bfloat16", 12, 64, 32, 3, True, True), (86, "bfloat16", 12, 64, 32, 3, True, True),
+          (89, "float16", 32, 80, 32, 1, True, True), (90, "bfloat16", 32, 128, 32, 3, "terms", True),
+          (86, "float32", 4, 32, 32, 3, False, False)]
+# the 2.7B model's heads (32 x 80) compile to the 6.7B model's kernels (32 x 128): the table's row for both
+TABLE_ROW = {(32, 80, 32): (32, 128, 32)}
 COMPILE = """
 import json, sys, torch, dape_triton
-for arch, dtype, *shape in json.loads(sys.argv[1]):
-    print(json.dumps(dape_triton.compile_for(arch, getattr(torch, dtype), *shape)), flush=True)
+for arch, dtype, H, hs, D, ks, bias, causal in json.loads(sys.argv[1]):
+    result = dape_triton.compile_for(arch, getattr(torch, dtype), H, hs, D, ks, bias=bias, causal=causal)
+    print(json.dumps(result), flush=True)
 """
+FIT_TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "kernel_fit.json")
 
 
 def compile_sample(sample):
@@ -364,15 +369,56 @@ def compile_sample(sample):
     return [json.loads(line) for line in out.stdout.splitlines()]
 
 
+def fit_table():
+    import json
+    with open(FIT_TABLE) as f:
+        table = json.load(f)
+    keys = ("arch", "dtype", "n_head", "head_size", "width", "kernel_size", "bias", "causal")
+    return table, {tuple(e[k] for k in keys): e for e in table["entries"]}
+
+
 def test_compiled_kernels_fit_each_gpu():
     """Forward and backward, compiled for an A100 (sm_80), A10/RTX 30xx (sm_86), L4/RTX 40xx (sm_89) and
-    H100 (sm_90) at the model shapes of config/ (125M, 2.7B / 6.7B, the CPU demo), bfloat16, float16 and
-    float32, V1 and V2: each within its GPU's shared memory per block, with tensor-core products in the
-    16-bit kernels. (bench.py --sections=fit compiles every combination.)"""
-    for (arch, dtype, *_), result in zip(SAMPLE, compile_sample(SAMPLE)):
+    H100 (sm_90) at model shapes of config/ (125M, 2.7B / 6.7B, the CPU demo), bfloat16, float16 and float32,
+    V1 and V2, a bias map, FoX's terms and none: each within its GPU's shared memory per block, with
+    tensor-core products in the 16-bit kernels; and exactly what docs/kernel_fit.json, the table of every
+    combination (bench.py --sections=fit), says of them, when it was made with this Triton."""
+    import triton
+    table, entries = fit_table()
+    for key, result in zip(SAMPLE, compile_sample(SAMPLE)):
+        arch, dtype = key[:2]
         for kernel in ("forward", "backward"):
-            assert result[kernel]["shared"] <= dape_triton.SHARED_KB[arch] * 1024, (arch, dtype, kernel, result)
-            assert (result[kernel]["mma"] > 0) == (dtype != "float32"), (arch, dtype, kernel, result)
+            assert result[kernel]["shared"] <= dape_triton.SHARED_KB[arch] * 1024, (key, kernel, result)
+            assert (result[kernel]["mma"] > 0) == (dtype != "float32"), (key, kernel, result)
+        if table["triton"] == triton.__version__:
+            H, hs, D = TABLE_ROW.get(key[2:5], key[2:5])
+            row = entries[(*key[:2], H, hs, D, *key[5:])]
+            assert {k: row[k] for k in result} == result, (key, result, row)
+
+
+def test_fit_table_covers_every_combination_and_each_fits():
+    """The table was made from these kernels (dape_triton.source_hash(): their source, launch settings and
+    Triton's version; otherwise regenerate it: python bench.py --sections=fit), covers every architecture x
+    dtype x config head shape x V1/V2 x bias x mask, and every kernel in it fits its architecture's shared
+    memory per block, or the combination is refused by dape_triton.refused (float32 on the 99 KB GPUs)."""
+    import bench
+    import triton
+    table, entries = fit_table()
+    if table["triton"] != triton.__version__:
+        pytest.skip(f"docs/kernel_fit.json was compiled with Triton {table['triton']}, this is {triton.__version__}")
+    assert table["source_hash"] == dape_triton.source_hash(), \
+        "docs/kernel_fit.json describes other kernels: regenerate it with python bench.py --sections=fit"
+    shapes = bench.config_head_shapes()
+    archs, dtypes = [80, 86, 89, 90], ["bfloat16", "float16", "float32"]
+    want = {(a, d, *s, ks, b, c) for a in archs for d in dtypes for s in shapes for ks in (1, 3)
+            for b in (True, False) for c in (True, False)}
+    want |= {(a, d, *s, ks, "terms", True) for a in archs for d in dtypes[:2] for s in shapes for ks in (1, 3)}
+    assert want <= set(entries), sorted(want - set(entries))[:5]
+    for (arch, dtype, H, hs, D, ks, bias, causal), e in entries.items():
+        fits = max(e["forward"]["shared"], e["backward"]["shared"]) <= dape_triton.SHARED_KB[arch] * 1024
+        refused = dape_triton.refused(arch, getattr(torch, dtype), H, hs, D, ks)
+        assert e["refused"] == refused
+        assert fits or refused, e
 
 
 GROUPED = {

@@ -1,0 +1,28 @@
+# Flip-flop language modelling at CPU scale (retrieval_data.py): causal models trained on sequences of up to
+# 32 instruction-bit pairs (64 tokens) of FFL(0.8), tested up to 8x longer on FFL(0.8) and on its sparse
+# (p_ignore 0.98) and dense (0.1) distributions. Seeds 0, 1, 2.
+# $ OMP_NUM_THREADS=1 python che_tasks.py config/flip_flop_cpu.py --grid_pos=fox --grid_dape=none,v1
+task = 'flip_flop'
+grid = True
+grid_tasks = 'flip_flop'
+grid_pos = 'nope,rope,alibi,kerple,fox'
+grid_dape = 'none,v1'
+seeds = '0,1,2'
+rand_pos = False        # causal language models at positions 0..T-1
+n_layer = 2
+n_head = 4
+n_embd = 64
+dape_width = 32
+batch_size = 32
+learning_rate = 1e-3
+max_iters = 1500
+train_max_len = 32      # N ~ U{2..32} pairs
+id_stride = 3
+eval_min_len = 33
+eval_max_len = 256      # 512 tokens: 8x the longest training sequence
+eval_stride = 32
+eval_samples = 64
+eval_draws = 1
+log_interval = 250
+out_dir = 'results_che/flip_flop'
+resume = True
