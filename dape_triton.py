@@ -16,12 +16,14 @@ are at most 16; groups of 16 when there are 32), and loops over blocks of BLOCK_
 last key its last query sees). Per key block:
     A       of all heads, [HP, M, N]: batched tl.dots over chunks of EC channels of the head size; each chunk
             of q and k is loaded where it is used, so no [heads, M, head size] tile is held across the loop
-            (held, q alone took a third of the shared memory that the old kernel needed);
+            (q held whole is 32 KB of shared memory at 16 heads of 64, and k and dy as much again);
     z       f's first layer on the tile flattened to [channels, M N]: z = Wa A + Wb B + b1 as tl.dots
-            [DP, HP] x [HP, M N], and h = LeakyReLU(z). The channel counts (16 to 64 once padded) are natural
-            tl.dot sizes, so f runs on tensor cores;
-    f       for the program's own heads, W2 h as [HG, DP] x [DP, M N]; their logits A + [B] + f (A and B of the
-            own heads loaded or recomputed when there are several groups: QK^T costs a group's share more);
+            [DC, HP] x [HP, M N], DC of f's hidden channels at a time (V1; V2 takes all DP at once, so that
+            it recomputes its shifted inputs once), and h = LeakyReLU(z). The channel counts (16 to 64 once
+            padded) are natural tl.dot sizes, so f runs on tensor cores;
+    f       for the program's own heads, W2 h as [HG, DC] x [DC, M N] summed over the blocks; their logits
+            A + [B] + f (A and B of the own heads recomputed when there are several groups: QK^T costs a
+            group's share more);
     softmax per (head, query) online (running max m, sum l, rescaled accumulator), acc += P v for the
             own heads and a chunk of EV channels of v (several programs share a query block when the head
             size is over EV: each recomputes the logits, which at those model sizes cost little of a step).
@@ -45,6 +47,10 @@ keys j - 2p .. j + 2p, each of which needs the logits at j - 4p .. j + 4p, so a 
 recompute the forward 4p + 1 times. The weights' gradients go to a [programs, ...] float32 buffer, each
 program adding its tiles' sums to its own row (one writer per row keeps them deterministic), summed in
 PyTorch.
+
+The bias B comes as a map (shared by the batch, or per sequence) or, for FoX, as terms: B_ij = u_i - w_j from
+two [B, H, T] vectors (B_TERMS), formed on chip, whose gradients are the map gradient's row sums and minus
+its column sums.
 
 Variants (f's first layer split into a half Wa applied to A and a half Wb applied to B; RES_B: B is added):
     concat_residual   A + B + f(cat(A, B))   Wa = w1[:, :H], Wb = w1[:, H:], RES_B    (dw1 = cat(dWa, dWb))
@@ -78,8 +84,9 @@ rather than at import: a process that imports this module early (model.py does) 
 later still gets interpreted kernels.
 
 Where the kernels could fail on a GPU no session has run them on, they check themselves: with dape_impl=auto
-the model calls self_check() once per kind of call (dtype, variant, bias, mask, shape class) and uses its
-PyTorch path, with one warning naming the cause, if the kernels fail or disagree with reference().
+the model calls self_check() once per kind of call (dtype, variant, bias, mask, shapes) and uses its PyTorch
+path, with one warning naming the cause, if the kernels fail or disagree with that path. compile_for()
+compiles them for any NVIDIA architecture without a GPU (shared memory, registers, spills).
 """
 
 from __future__ import annotations  # the kernels' tl.constexpr annotations stay strings without triton
@@ -104,17 +111,19 @@ SLOPE = 0.01  # LeakyReLU's negative slope (dape.py, PyTorch's default)
 
 # Launch settings per compute capability: tile (block_m queries x block_n keys), the chunk of the head size
 # that each QK^T / dP / dq / dk / dv product takes (ec), the chunk of v a forward program accumulates (ev),
-# the heads per group (hg), warps and pipeline stages. Found by compiling for each architecture on the CPU
-# (bench.py --sections=fit; the README has the table): every kernel at every shape the models use fits the
-# architecture's shared memory per block with the fewest register spills that ptxas reports. One stage: the
-# key loop is bound by arithmetic rather than loads, and pipelining would keep several copies of each of
-# V2's shifted key and bias tiles in shared memory. A capability not listed takes the entry of the nearest
+# the heads per group (hg), f's hidden channels per block (dc, V1), warps, pipeline stages and the register cap
+# (without one, ptxas capped V2's backward at 128 registers and spilled twice as much). Found by compiling for
+# each architecture on the CPU (bench.py --sections=fit; the README has the table): every kernel at every
+# shape the models use fits the architecture's shared memory per block, and these settings spilled least on
+# each of them (warps 4, 8, 16 and chunks 16, 32, 64 tried at the 125M shape), hence one entry four times.
+# One stage: the key loop is bound by arithmetic rather than loads, and pipelining would keep several copies
+# of V2's shifted key and bias tiles in shared memory. A capability not listed takes the entry of the nearest
 # listed one below it (or the first), and the self-check guards it.
 CONFIGS = {
-    (8, 0): dict(block_m=16, block_n=16, ec=16, ev=64, hg=16, dc=16, warps=8, stages=1, maxnreg=255),  # A100, A30: 163 KB per block
-    (8, 6): dict(block_m=16, block_n=16, ec=16, ev=64, hg=16, dc=16, warps=8, stages=1, maxnreg=255),  # A10, A40, RTX 30xx: 99 KB
-    (8, 9): dict(block_m=16, block_n=16, ec=16, ev=64, hg=16, dc=16, warps=8, stages=1, maxnreg=255),  # L4, L40S, RTX 40xx: 99 KB
-    (9, 0): dict(block_m=16, block_n=16, ec=16, ev=64, hg=16, dc=16, warps=8, stages=1, maxnreg=255),  # H100, H200: 227 KB
+    (8, 0): dict(block_m=16, block_n=16, ec=16, ev=64, hg=16, dc=16, warps=8, stages=1, maxnreg=255),  # A100, A30
+    (8, 6): dict(block_m=16, block_n=16, ec=16, ev=64, hg=16, dc=16, warps=8, stages=1, maxnreg=255),  # A10, RTX 30xx
+    (8, 9): dict(block_m=16, block_n=16, ec=16, ev=64, hg=16, dc=16, warps=8, stages=1, maxnreg=255),  # L4, RTX 40xx
+    (9, 0): dict(block_m=16, block_n=16, ec=16, ev=64, hg=16, dc=16, warps=8, stages=1, maxnreg=255),  # H100, H200
 }
 INTERPRETER_CONFIG = dict(block_m=16, block_n=16, ec=16, ev=64, hg=16, dc=16, warps=1, stages=1, maxnreg=None)
 # Shared memory per block of each architecture, KB (CUDA's limits for an opt-in allocation).
@@ -1075,7 +1084,8 @@ def compile_for(arch, dtype, n_head, head_size, width, kernel_size, variant="con
     cfg = _Config(variant, causal, 0, 1.0 / math.sqrt(head_size), launch)
     y, lse = torch.empty_like(q), torch.empty(batch, n_head, T)
     launches = {"forward": (_forward, _forward_launch(q, k, v, B, w1, b1, w2, b2, cfg)[:3]),
-                "backward": (_backward, _backward_launch(q, k, v, B, w1, b1, w2, b2, y, lse, y.clone(), bool(bias), cfg)[:3])}
+                "backward": (_backward,
+                             _backward_launch(q, k, v, B, w1, b1, w2, b2, y, lse, y.clone(), bool(bias), cfg)[:3])}
     target = GPUTarget("cuda", arch, 32)
     backend = make_backend(target)
     cuobjdump = triton.knobs.nvidia.cuobjdump.path

@@ -22,7 +22,6 @@ import inspect
 import math
 import warnings
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import torch
 import torch.nn as nn
@@ -219,18 +218,21 @@ class SelfAttention(nn.Module):
             return False
         why = fused_unsupported(self.pos, self.dropout if self.training else 0.0, torch.compiler.is_compiling())
         if why is None:
-            why = _triton_missing(q, self.dape)
-        if why is None:
+            why = _triton_missing(q, self.dape.width, self.dape.kernel)
+        if why is not None:
+            warning = f"DAPE's fused kernel does not cover {why}: using the PyTorch path"
+        else:
             bias_grad = pe.has_bias and torch.is_grad_enabled() and any(p.requires_grad for p in pe.parameters())
             kind = ("terms" if pe.separable else "map") if pe.has_bias else None
             failed = dape_triton.self_check(self.dape, q, kind, bias_grad, self.causal)
-            if failed is not None:
-                why = f"its self-check on this device ({failed})"
-        if why is None:
-            return True
+            if failed is None:
+                return True
+            why = f"its self-check failed on this device ({failed})"
+            warning = (f"DAPE's fused kernel failed its self-check on this device ({failed}): using the PyTorch "
+                       f"path for these calls")
         if self.dape_impl == "triton":
             raise ValueError(f"dape_impl='triton' cannot run here: {why}; use dape_impl='auto' or 'torch'")
-        warn_once(f"DAPE's fused kernel does not cover {why}: using the PyTorch path")
+        warn_once(warning)
         return False
 
     def scores(self, q, k, pe, pos_q, pos_k, qi, ki, state=None):
@@ -324,17 +326,15 @@ def fused_unsupported(pos, dropout, compiling):
     return None
 
 
-def _triton_missing(q, dape=None):
-    """Why dape_triton.py cannot run on q (its device, dtype and heads; with dape, f's width and kernel), or None."""
+def _triton_missing(q, width, kernel_size):
+    """Why dape_triton.py cannot run on q (its device, dtype and heads) with f of this width and kernel, or None."""
     global dape_triton
     if dape_triton is None:
         try:
             import dape_triton
         except ImportError as e:
             return f"a machine without Triton ({e})"
-    if dape is None:
-        return dape_triton.unavailable(q)
-    return dape_triton.unavailable(q, dape.width, dape.kernel)
+    return dape_triton.unavailable(q, width, kernel_size)
 
 
 def fused_kernel_problem(config, device, dtype, compiling=False):
@@ -345,8 +345,7 @@ def fused_kernel_problem(config, device, dtype, compiling=False):
     why = fused_unsupported(config.pos, config.dropout, compiling)
     if why is None:
         q = torch.empty(1, config.n_head, 1, config.n_embd // config.n_head, dtype=dtype, device=device)
-        why = _triton_missing(q, SimpleNamespace(width=config.dape_width,
-                                                 kernel=config.dape_kernel if config.dape == "v2" else 1))
+        why = _triton_missing(q, config.dape_width, config.dape_kernel if config.dape == "v2" else 1)
     return why
 
 

@@ -13,7 +13,7 @@ pytest.importorskip("triton")  # without a GPU, conftest.py has set TRITON_INTER
 import dape_triton  # noqa: E402
 import model as model_module  # noqa: E402
 from model import GPT, GPTConfig, KVCache  # noqa: E402
-from triton.runtime.errors import OutOfResources  # noqa: E402
+from triton.runtime.errors import OutOfResources, PTXASError  # noqa: E402
 
 TINY = dict(block_size=8, vocab_size=32, n_layer=2, n_head=3, n_embd=12, dape_width=6)
 
@@ -154,20 +154,38 @@ def auto_pair(**kw):
     return fused, plain
 
 
-def test_a_kernel_that_cannot_run_falls_back_with_one_warning(auto_on_cpu, monkeypatch):
-    """A launch that fails (here: more shared memory than the GPU has) sends every call of that kind to the
-    PyTorch path, with one warning naming the cause; the results are the PyTorch path's."""
-    def out_of_memory(*a, **k):
-        raise OutOfResources(232448, 101376, "shared memory")
-    monkeypatch.setattr(dape_triton, "_forward_launch", out_of_memory)
-    calls = counting(monkeypatch)
-    fused, plain = auto_pair(pos="kerple", dape="v1")
-    x = torch.randint(0, 32, (2, 19))
-    with pytest.warns(UserWarning, match=r"self-check on this device \(OutOfResources: out of resource: shared "
-                                         r"memory.*: using the PyTorch path") as seen:
+FAILURES = {  # how the kernels can fail on a GPU, and what the warning then names
+    "shared memory": (OutOfResources(232448, 101376, "shared memory"), r"OutOfResources: out of resource: shared "
+                                                                       r"memory"),
+    "compile": (PTXASError("ptxas fatal: Unresolved extern function"), r"PTXASError: PTXAS error: ptxas fatal"),
+    "launch": (RuntimeError("CUDA error: an illegal memory access was encountered"), r"RuntimeError: CUDA error"),
+}
+
+
+def out_of_shared_memory(monkeypatch, failure="shared memory"):
+    """Every launch fails, by default as it would on a GPU with less shared memory than the kernel needs."""
+    def launch(*a, **k):
+        raise FAILURES[failure][0]
+    monkeypatch.setattr(dape_triton, "_forward_launch", launch)
+
+
+def falls_back_once(fused, plain, x, message):
+    """Two training steps of each model: equal losses, and exactly one warning matching message."""
+    with pytest.warns(UserWarning, match=message) as seen:
         for _ in range(2):
             torch.testing.assert_close(train_step(fused, x), train_step(plain, x), rtol=1e-6, atol=1e-7)
     assert len([w for w in seen if "fused kernel" in str(w.message)]) == 1
+
+
+@pytest.mark.parametrize("failure", list(FAILURES))
+def test_a_kernel_that_cannot_run_falls_back_with_one_warning(auto_on_cpu, monkeypatch, failure):
+    """Kernels that fail (more shared memory than the GPU has, a compile error, a failed launch) send every call
+    of that kind to the PyTorch path, with one warning naming the cause; the results are the PyTorch path's."""
+    out_of_shared_memory(monkeypatch, failure)
+    calls = counting(monkeypatch)
+    fused, plain = auto_pair(pos="kerple", dape="v1")
+    falls_back_once(fused, plain, torch.randint(0, 32, (2, 19)),
+                    rf"failed its self-check on this device \({FAILURES[failure][1]}.*: using the PyTorch path")
     assert len(calls) == 1  # the self-check's first run, and nothing after it
     for (name, a), b in zip(fused.named_parameters(), plain.parameters()):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-6, atol=1e-7, msg=name)
@@ -178,21 +196,16 @@ def test_a_kernel_that_disagrees_falls_back_with_one_warning(auto_on_cpu, monkey
     real = dape_triton.attention
     calls = counting(monkeypatch, lambda *a, **k: 1.1 * real(*a, **k))
     fused, plain = auto_pair(pos="t5", dape="v2")
-    x = torch.randint(0, 32, (1, 19))
-    with pytest.warns(UserWarning, match=r"self-check on this device \(y \(one KV-cache step\) differs from the "
-                                         r"PyTorch path by 0.1 of its size") as seen:
-        for _ in range(2):
-            torch.testing.assert_close(train_step(fused, x), train_step(plain, x), rtol=1e-6, atol=1e-7)
-    assert len([w for w in seen if "fused kernel" in str(w.message)]) == 1
+    falls_back_once(fused, plain, torch.randint(0, 32, (1, 19)),
+                    r"failed its self-check on this device \(y \(one KV-cache step\) differs from the PyTorch "
+                    r"path by 0.1 of its size")
     assert len(calls) == 1
 
 
 def test_forcing_a_kernel_that_fails_its_self_check_is_an_error(auto_on_cpu, monkeypatch):
-    def out_of_memory(*a, **k):
-        raise OutOfResources(232448, 101376, "shared memory")
-    monkeypatch.setattr(dape_triton, "_forward_launch", out_of_memory)
+    out_of_shared_memory(monkeypatch)
     fused, _ = pair(pos="kerple", dape="v1")  # dape_impl='triton'
     x = torch.randint(0, 32, (1, 5))
-    with pytest.raises(ValueError, match=r"dape_impl='triton' cannot run here: its self-check on this device "
-                                         r"\(OutOfResources"):
+    with pytest.raises(ValueError, match=r"dape_impl='triton' cannot run here: its self-check failed on this "
+                                         r"device \(OutOfResources"):
         fused(x, x)
