@@ -287,10 +287,10 @@ def table(title, rows, cols):
 # plain attention baselines: the same model with its attention replaced
 
 
-def plain_attend_block(self, q, k, v, pe, pos_q, pos_k, qi, ki, sdpa=False):
+def plain_attend_block(self, q, k, v, pe, pos_q, pos_k, qi, ki, state=None, sdpa=False):
     """nanoGPT's attention with the encoding's bias added: what a PE without DAPE must not be slower
     than. (Additive encodings only; no DAPE.)"""
-    bias = pe.bias(pos_q, pos_k, q, k) if pe.has_bias else None
+    bias = pe.bias(pos_q, pos_k, q, k, state) if pe.has_bias else None
     future = ki[None, :] > qi[:, None]
     if sdpa:
         mask = torch.zeros(future.shape, device=q.device) if bias is None else bias

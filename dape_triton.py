@@ -619,7 +619,8 @@ def refused(arch, dtype, n_head, head_size, width=None, kernel_size=1):
     if width is not None and _pow2(width) > MAX_WIDTH:
         return f"f's width D = {width} (the compiled kernels hold at most {MAX_WIDTH} on chip)"
     limit = SHARED_KB.get(arch, min(SHARED_KB.values()))
-    if dtype == torch.float32 and limit < 160 and (_pow2(n_head) > 16 or (kernel_size > 1 and _pow2(width or 1) > 32)):
+    too_big = _pow2(n_head) > 16 or (kernel_size > 1 and _pow2(width or 1) > 32)
+    if dtype == torch.float32 and limit < 160 and too_big:
         return (f"float32 with {n_head} heads{f', V2 and D = {width}' if kernel_size > 1 else ''} on sm_{arch}, "
                 f"whose {limit} KB of shared memory per block it does not fit (bfloat16 or float16 does)")
     return None

@@ -1,6 +1,7 @@
 """CHE: the task generators of che_data.py against independent re-implementations of their semantics
 (docs/che.md), then the runner of che_tasks.py end to end on CPU. The checkers below decode every sample
 with plain Python (lists, ints, a recursive-descent parser) and share no code with che_data.py."""
+import glob
 import json
 import math
 import os
@@ -353,6 +354,7 @@ def test_che_data_needs_no_torch():
 
 torch = pytest.importorskip('torch')
 import che_tasks as C  # noqa: E402  (the runner needs torch)
+from configurator import configure  # noqa: E402
 
 TINY = ['--n_layer=1', '--n_head=2', '--n_embd=16', '--dape_width=8', '--max_iters=4',
         '--batch_size=8', '--eval_samples=8', '--eval_batch_size=8', '--log_interval=2',
@@ -641,3 +643,12 @@ def test_tiny_grid_two_seeds_end_to_end_and_resume(tmp_path, capsys):
     again, _ = C.main(args + ['--resume=True'])  # nothing left to train: both runs are reused
     assert capsys.readouterr().out.count('reused') == 2
     assert again[('missing_duplicate', 'alibi', 'v1')]['runs'] == cell['runs']
+
+
+def test_che_config_files_are_valid():
+    """Every config/che_*.py is read by che_tasks.py: its keys are che_tasks' keys and its grid builds."""
+    files = glob.glob(os.path.join(ROOT, 'config', 'che_*.py'))
+    assert len(files) >= 5
+    for path in files:
+        cfg = configure({k: getattr(C, k) for k in C.config_keys}, [path])
+        C.check_config(cfg)

@@ -1,7 +1,7 @@
 # Flip-flop language modelling at CPU scale (retrieval_data.py): causal models trained on sequences of up to
 # 32 instruction-bit pairs (64 tokens) of FFL(0.8), tested up to 8x longer on FFL(0.8) and on its sparse
 # (p_ignore 0.98) and dense (0.1) distributions. Seeds 0, 1, 2.
-# $ OMP_NUM_THREADS=1 python che_tasks.py config/flip_flop_cpu.py --grid_pos=fox --grid_dape=none,v1
+# $ OMP_NUM_THREADS=1 python che_tasks.py config/che_flip_flop_cpu.py --grid_pos=fox --grid_dape=none,v1
 task = 'flip_flop'
 grid = True
 grid_tasks = 'flip_flop'

@@ -1,7 +1,7 @@
 # Multi-query associative recall at CPU scale (retrieval_data.py): causal models trained on up to 8
 # key-value pairs (32 tokens), tested on 9 to 64 pairs (up to 256 tokens, 8x the longest training
 # sequence). Seeds 0, 1, 2.
-# $ OMP_NUM_THREADS=1 python che_tasks.py config/mqar_cpu.py --grid_pos=fox --grid_dape=none,v1
+# $ OMP_NUM_THREADS=1 python che_tasks.py config/che_mqar_cpu.py --grid_pos=fox --grid_dape=none,v1
 task = 'mqar'
 grid = True
 grid_tasks = 'mqar'
