@@ -1,6 +1,7 @@
 """
 What several scripts share: the device and dtype they run in, reading checkpoints and datasets, and the
-evaluation scripts' command lines, list options and result files.
+evaluation scripts' command lines, list options and result files, and the labels that group runs of
+one setting over seeds.
 Scripts import this file (and the library files model.py, tokenizer.py, configurator.py), never each
 other.
 
@@ -13,6 +14,7 @@ The one device and dtype rule (train.py, eval_extrapolate.py, sample.py, visuali
   less precise, so 'auto' stays in float32 there; an explicit dtype is honoured on any device.
 """
 
+import json
 import math
 import os
 from contextlib import nullcontext
@@ -289,3 +291,86 @@ def jsonable(obj):
             raise ValueError(f"non-finite value {v} in the results")
         return v
     return obj
+
+
+# -----------------------------------------------------------------------------
+# runs that differ only by their seed: one setting, one label (eval_extrapolate.py, eval_passkey.py)
+
+# model_args that do not change the function a checkpoint computes (attention's query blocks, DAPE's kernel)
+SAME_FUNCTION = ('attn_chunk', 'dape_impl')
+# train.py config keys that do not change what is trained: where runs read and write, how often they
+# log, evaluate and save, on what hardware and how fast; and the seed, which is what a group varies
+# over. Every other key tells two runs apart, also keys train.py gains later: averaging over a new
+# training option by mistake is worse than one group too many. The model's own options come from
+# model_args (a resumed run keeps the checkpoint's, whatever its config says), so they are left out.
+NOT_TRAINING = ('seed', 'out_dir', 'data_root', 'eval_interval', 'log_interval', 'eval_iters', 'eval_only',
+                'always_save_checkpoint', 'init_from', 'wandb_log', 'wandb_project', 'wandb_run_name',
+                'device', 'backend', 'fsdp', 'compile', 'peak_flops')
+
+
+def training_setting(ckpt):
+    """The training options of a checkpoint that change what is trained (lr, steps, batch, data, ...),
+    or None for a checkpoint saved without its config."""
+    conf = ckpt.get('config')
+    if not conf:
+        return None
+    from model import GPTConfig
+    model_keys = {f.name for f in fields(GPTConfig)} | set(ckpt.get('model_args') or {})
+    return {k: v for k, v in conf.items() if k not in NOT_TRAINING and k not in model_keys}
+
+
+def setting_of(run):
+    """All that makes a run (or group) what it is, but its seed: the model, its training, the data, and
+    how RoPE is read."""
+    return {'model': {k: v for k, v in run['model_args'].items() if k not in SAME_FUNCTION},
+            'training': run.get('training'), 'data_dir': run['data_dir'],
+            'rope_scaling': run.get('rope_scaling', 'none')}
+
+
+def base_label(a):
+    """'kerple', 'dape-kerple', 'dapev2-kerple', with non-default DAPE options and rand_pos spelled out."""
+    name = a['pos'] + ('+rand' if a.get('rand_pos') else '')
+    if a.get('dape', 'none') == 'none':
+        return name
+    name = ('dape-' if a['dape'] == 'v1' else 'dapev2-') + name
+    if a['dape'] == 'v2' and a.get('dape_kernel', 3) != 3:
+        name += f"-k{a['dape_kernel']}"
+    if a.get('dape_width', 32) != 32:
+        name += f"-D{a['dape_width']}"
+    if a.get('dape_variant', 'concat_residual') != 'concat_residual':
+        name += f"[{a['dape_variant']}]"
+    return name
+
+
+def auto_labels(runs):
+    """One label per distinct setting (setting_of), so that runs share a label (and group_runs groups
+    them) only when they differ by their seed alone: the base label, the training length when several
+    are mixed, then in brackets what tells settings of one base label apart (kerple[learning_rate=0.003];
+    'no config' for a checkpoint saved without its training config, the data folder's name); '#2', '#3'
+    should two settings still read alike."""
+    keys = [json.dumps(setting_of(r), sort_keys=True) for r in runs]
+    settings = {key: json.loads(key) for key in keys}  # tuples and lists alike, as in the key
+    several_lengths = len({s['model']['block_size'] for s in settings.values()}) > 1
+
+    def facts(s):
+        training = {'no config'} if s['training'] is None else {f"{f}={v}" for f, v in s['training'].items()}
+        data = os.path.basename(os.path.normpath(s['data_dir']))
+        return {f"{f}={v}" for f, v in s['model'].items()} | training | {data}
+    names = {key: base_label(s['model']) + (f"@{s['model']['block_size']}" if several_lengths else '')
+             for key, s in settings.items()}
+    for name in set(names.values()):
+        same = [key for key in names if names[key] == name]
+        if len(same) > 1:
+            shared = set.intersection(*(facts(settings[key]) for key in same))
+            for key in same:
+                extra = sorted(facts(settings[key]) - shared)
+                names[key] = f"{name}[{','.join(extra)}]" if extra else name
+    for name in set(names.values()):
+        for i, key in enumerate([key for key in names if names[key] == name][1:], 2):
+            names[key] = f"{name}#{i}"
+    return [names[k] for k in keys]
+
+
+def mean_std(values):
+    v = np.asarray(values, dtype=np.float64)
+    return float(v.mean()), (float(v.std(ddof=1)) if len(v) > 1 else None)

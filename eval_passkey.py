@@ -6,6 +6,7 @@ its training length (train.py --passkey_frac).
     python eval_passkey.py out/kerple out/dape_kerple out/rope                     # one table per model
     python eval_passkey.py out/rope --rope_scaling=none,pi,ntk,yarn                 # a row per RoPE scaling
     python eval_passkey.py out/kerple --lengths=128,512,2048 --depths=0,0.5,1 --trials=20 --filler=sentence
+    python eval_passkey.py out/kerple_s* out/dape_kerple_s* out/rope_s*            # seeds grouped
 
 Protocol:
 - A sample of length L is L + 1 tokens: filler, the needle "The pass key is 71432. Remember it." at
@@ -21,12 +22,19 @@ Protocol:
 - RoPE context extension at evaluation (positional.py, RoPE.set_scaling): `rope_scaling` lists the
   methods (none, pi, ntk, yarn), each a row of its own for every RoPE checkpoint; models without RoPE
   get one row. `rope_scale` is the factor s; 0 takes s = max(1, L / training length) at each length.
+- Seeds: checkpoints that differ only by their seed (as eval_extrapolate.py groups them: same model
+  options, training config and data) form a group, read with the same RoPE scaling. Where a group has
+  several, the tables over seeds give per length the mean ± sample std of the per-seed figures (each
+  the mean over depths), and how many seeds learned the task: exact match of at least `learned_exact`
+  at their training length. A seed that did not says nothing about extrapolation.
 
 Outputs (`out_dir`, default results/passkey/): passkey.json (everything, every sample's key and
 answer), passkey.md (the tables) and passkey_<model>.png (a heat map per row: accuracy, and the
-log-likelihood per token, over length x depth).
+log-likelihood per token, over length x depth); with several seeds of a setting, the tables over seeds
+in passkey.md and `groups` in passkey.json.
 """
 
+import dataclasses
 import json
 import os
 import re
@@ -35,8 +43,9 @@ import time
 
 import numpy as np
 
-from common import (InputError, autocast, checkpoints_and_config, find_checkpoints, format_table, jsonable, load_run,
-                    load_val, parse_list, pick_device, pick_dtype, resolve_data_dir, rope_scaling_options)
+from common import (InputError, auto_labels, autocast, checkpoints_and_config, find_checkpoints, format_table,
+                    jsonable, load_run, load_val, mean_std, parse_list, pick_device, pick_dtype, resolve_data_dir,
+                    rope_scaling_options, training_setting)
 from configurator import ConfigError
 from passkey import DIGITS, chance_logp_per_digit, passkey_prompts, score_prompts, summarize
 from positional import rope_scaling_label, set_rope_scaling
@@ -58,6 +67,7 @@ rope_scale = 0.0         # the factor s; 0 -> max(1, L / training length) at eac
 yarn_alpha = 1.0         # YaRN's ramp: dimensions turning fewer than alpha times over L are interpolated,
 yarn_beta = 32.0         # more than beta times kept (the paper's values for LLaMA)
 batch_tokens = 8192      # tokens per forward (samples of one length batched)
+learned_exact = 0.5      # a seed learned the task: exact match at least this at its training length
 device = 'auto'          # auto: cuda if available, else cpu
 dtype = 'auto'           # auto: bfloat16 autocast on a GPU that supports it, else float32
 out_dir = 'results/passkey'
@@ -78,6 +88,8 @@ def check_options(cfg):
     scalings = rope_scaling_options(cfg)
     if cfg['trials'] < 1 or cfg['digits'] < 1 or cfg['batch_tokens'] < 1:
         raise InputError("--trials, --digits and --batch_tokens must be positive")
+    if not 0.0 < cfg['learned_exact'] <= 1.0:
+        raise InputError(f"--learned_exact is an exact-match fraction in (0, 1], got {cfg['learned_exact']}")
     if cfg['filler'] not in ('val', 'sentence'):
         raise InputError(f"--filler must be 'val' (the validation split) or 'sentence' (a fixed sentence), "
                          f"got {cfg['filler']!r}")
@@ -133,6 +145,23 @@ def summary_table(rows, lens, metric, markdown=False):
             cells.append(c if isinstance(c, str) else
                          f"{100 * c['accuracy']:.0f}%" if metric == 'accuracy' else f"{c['logp_mean']:.3f}")
         out.append([r['label']] + cells)
+    return format_table(header, out, markdown)
+
+
+def group_table(groups, lens, metric, markdown=False):
+    """The groups of seeds: a row each, a column per length; the metric's mean ± sample std over seeds
+    (of the per-seed means over depths), and how many seeds learned the task at the training length."""
+    def cell(c):
+        if isinstance(c, str):
+            return c
+        m, s = c[metric]['mean'], c[metric]['std']
+        if metric == 'accuracy':
+            return f"{100 * m:.0f}%" + ('' if s is None else f" ± {100 * s:.0f}")
+        return f"{m:.3f}" + ('' if s is None else f" ± {s:.3f}")
+    header = ['model', 'seeds', 'learned'] + [str(L) for L in lens]
+    out = [[g['label'], ','.join(str(s) for s in g['seeds']),
+            'n/a' if g['learned'] is None else f"{g['learned']} of {g['n']}"] + [cell(g['per_length'][L]) for L in lens]
+           for g in groups]
     return format_table(header, out, markdown)
 
 
@@ -198,9 +227,15 @@ def evaluate(cfg, ckpt_paths):
         name = names[i] if names else os.path.basename(os.path.dirname(os.path.abspath(path)))
         runs.append({'path': path, 'name': name, 'data_dir': d, 'tokenizer': tok.name, 'pos': model.config.pos,
                      'block_size': model.config.block_size,
-                     'n_positions': model.pe[0].n_positions if model.config.pos == 'learned' else None})
+                     'n_positions': model.pe[0].n_positions if model.config.pos == 'learned' else None,
+                     'model_args': dataclasses.asdict(model.config), 'training': training_setting(ckpt),
+                     'seed': (ckpt.get('config') or {}).get('seed')})
         sources[(d, tok.name)] = (tok, data)
         del model
+    # runs that differ only by their seed share a setting label (eval_extrapolate.py's: 'kerple',
+    # 'kerple[learning_rate=0.001]', ...): the groups of the tables over seeds
+    for r, setting in zip(runs, auto_labels([dict(r, data_dir=r['data_dir'] or '') for r in runs])):
+        r['setting'] = setting
     if scalings != ['none'] and not any(r['pos'] == 'rope' for r in runs):
         raise InputError(f"--rope_scaling={cfg['rope_scaling']} applies to RoPE models only; these have "
                          f"pos={', '.join(sorted({r['pos'] for r in runs}))}")
@@ -235,8 +270,10 @@ def evaluate(cfg, ckpt_paths):
         tok, _ = sources[(r['data_dir'], r['tokenizer'])]
         model, _ = load_run(r['path'], dev)
         for kind in scalings if r['pos'] == 'rope' else ['none']:
-            label = r['name'] + rope_scaling_label(kind, cfg['rope_scale'], not cfg['rope_scale'], r['block_size'])
-            row = {'label': label, 'path': r['path'], 'pos': r['pos'], 'block_size': r['block_size'],
+            suffix = rope_scaling_label(kind, cfg['rope_scale'], not cfg['rope_scale'], r['block_size'])
+            label = r['name'] + suffix
+            row = {'label': label, 'setting': r['setting'] + suffix, 'seed': r['seed'], 'path': r['path'],
+                   'pos': r['pos'], 'block_size': r['block_size'],
                    'rope_scaling': kind, 'rope_scale': {}, 'depths': deps, 'trials': cfg['trials'],
                    'cells': {}, 'per_length': {}, 'samples': []}
             for L in lens:
@@ -265,18 +302,57 @@ def evaluate(cfg, ckpt_paths):
     protocol = {'lengths': lens, 'depths': deps, 'trials': cfg['trials'], 'filler': cfg['filler'],
                 'seed': cfg['seed'], 'digits': cfg['digits'], 'rope_scaling': scalings,
                 'rope_scale': cfg['rope_scale'] or 'L / block_size', 'yarn_alpha': cfg['yarn_alpha'],
-                'yarn_beta': cfg['yarn_beta'], 'chance_logp_per_digit': chance_logp_per_digit()}
-    write_outputs(cfg, protocol, rows, lens)
-    return {'protocol': protocol, 'rows': rows}
+                'yarn_beta': cfg['yarn_beta'], 'chance_logp_per_digit': chance_logp_per_digit(),
+                'learned_exact': cfg['learned_exact']}
+    groups = group_rows(rows, lens, cfg['learned_exact'])
+    write_outputs(cfg, protocol, rows, lens, groups)
+    return {'protocol': protocol, 'rows': rows, 'groups': groups}
 
 
-def write_outputs(cfg, protocol, rows, lens):
+def group_rows(rows, lens, learned_exact):
+    """Rows that differ only by their seed (the same 'setting') form a group: per length, the mean and
+    sample std over its seeds of the exact match and the log-likelihood per token (each seed's figure
+    the mean over depths), and `learned`, how many seeds reach an exact match of learned_exact at their
+    training length (None where that length was not evaluated)."""
+    by_setting = {}
+    for r in rows:
+        by_setting.setdefault(r['setting'], []).append(r)
+    groups = []
+    for label, members in by_setting.items():
+        g = {'label': label, 'n': len(members), 'seeds': [m['seed'] for m in members],
+             'rows': [m['label'] for m in members], 'block_size': members[0]['block_size'], 'per_length': {}}
+        for L in lens:
+            ok = [m['per_length'][L] for m in members if not isinstance(m['per_length'][L], str)]
+            if not ok:  # no seed could be evaluated here: the first one's reason
+                g['per_length'][L] = members[0]['per_length'][L]
+                continue
+            g['per_length'][L] = {'n': len(ok)}
+            for metric in ('accuracy', 'logp_mean'):
+                values = [c[metric] for c in ok]
+                m, s = mean_std(values)
+                g['per_length'][L][metric] = {'mean': m, 'std': s, 'values': values}
+        at_train = [m['per_length'].get(m['block_size']) for m in members]
+        g['learned'] = (None if any(c is None or isinstance(c, str) for c in at_train)
+                        else sum(c['accuracy'] >= learned_exact for c in at_train))
+        groups.append(g)
+    return groups
+
+
+def write_outputs(cfg, protocol, rows, lens, groups=()):
     out = cfg['out_dir']
     os.makedirs(out, exist_ok=True)
     chance = (f"Chance: exact match ~0; log-likelihood per token ln(1/10) = {chance_logp_per_digit():.3f} for a "
               f"model that knows a digit comes but not which.")
+    seeded = any(g['n'] > 1 for g in groups)
+    learned = (f"learned: seeds with an exact match of at least {100 * protocol['learned_exact']:.0f}% at their "
+               f"training length")
     text = [f"exact match, mean over depths\n{summary_table(rows, lens, 'accuracy')}",
             f"log-likelihood per answer token (nats), mean over depths\n{summary_table(rows, lens, 'logp')}"]
+    if seeded:
+        text += [f"over seeds: exact match, mean ± sample std of the seeds' means over depths; {learned}\n"
+                 f"{group_table(groups, lens, 'accuracy')}",
+                 f"over seeds: log-likelihood per answer token (nats), mean ± sample std\n"
+                 f"{group_table(groups, lens, 'logp_mean')}"]
     text += [f"{r['label']}: exact match (log-likelihood per token), per depth\n{model_table(r, lens)}" for r in rows]
     print('\n' + '\n\n'.join(text) + '\n\n' + chance)
 
@@ -285,12 +361,17 @@ def write_outputs(cfg, protocol, rows, lens):
           f"{protocol['digits']}-digit keys. {chance}", '',
           '## Exact match, mean over depths', '', summary_table(rows, lens, 'accuracy', True), '',
           '## Log-likelihood per answer token (nats), mean over depths', '', summary_table(rows, lens, 'logp', True), '']
+    if seeded:
+        md += ['## Over seeds: exact match', '',
+               f"Mean ± sample std over seeds of each seed's exact match (mean over depths); {learned}.", '',
+               group_table(groups, lens, 'accuracy', True), '',
+               '## Over seeds: log-likelihood per answer token (nats)', '', group_table(groups, lens, 'logp_mean', True), '']
     for r in rows:
         md += [f"## {r['label']}: exact match (log-likelihood per token) per depth", '', model_table(r, lens, True), '']
     with open(os.path.join(out, 'passkey.md'), 'w') as f:
         f.write('\n'.join(md))
     with open(os.path.join(out, 'passkey.json'), 'w') as f:
-        json.dump(jsonable({'protocol': protocol, 'rows': rows}), f, indent=1, allow_nan=False)
+        json.dump(jsonable({'protocol': protocol, 'rows': rows, 'groups': list(groups)}), f, indent=1, allow_nan=False)
     written = ['passkey.json', 'passkey.md']
     if cfg['plot']:
         for r in rows:

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import common
 import eval_extrapolate as E
 from common import InputError, pick_device
 import visualize as V
@@ -288,9 +289,9 @@ def plot_groups(curves, lengths, block_size=64):
         ppl = {}
         for i, L in enumerate(lengths):
             vals = [seed[i] for seed in per_seed]
-            m, s = E.mean_std(vals)
+            m, s = common.mean_std(vals)
             ppl[L] = {'status': 'ok', 'mean': m, 'std': s, 'n': len(vals), 'values': vals}
-        groups.append({'label': E.base_label(args), 'n': len(per_seed), 'model_args': args, 'training': None,
+        groups.append({'label': common.base_label(args), 'n': len(per_seed), 'model_args': args, 'training': None,
                        'data_dir': 'd', 'block_size': block_size, 'ppl': ppl})
     return groups
 
@@ -339,7 +340,7 @@ def test_default_lengths_and_labels(tmp_path):
             {'model_args': dict(base, pos='kerple', dape='v2', dape_kernel=5), 'data_dir': 'd'},
             {'model_args': dict(base, pos='kerple', n_layer=4), 'data_dir': 'd'},
             {'model_args': dict(base, pos='alibi', dape='v1', dape_variant='add_residual'), 'data_dir': 'd'}]
-    assert E.auto_labels(runs) == ['kerple[n_layer=2]', 'dapev2-kerple-k5', 'kerple[n_layer=4]',
+    assert common.auto_labels(runs) == ['kerple[n_layer=2]', 'dapev2-kerple-k5', 'kerple[n_layer=4]',
                                    'dape-alibi[add_residual]']
 
 
@@ -393,8 +394,8 @@ def test_only_seed_replicas_are_grouped(tmp_path):
                          (dict(base, training={'learning_rate': 1e-3, 'batch_size': 8}), 'kerple[batch_size=8]'),
                          (dict(base, training={'learning_rate': 1e-3, 'dataset': 'x'}), 'kerple[dataset=x]'),
                          (dict(base, training=None), 'kerple[no config]')):
-        assert E.auto_labels([base, other])[1] == label
-    assert E.training_setting({'config': {'seed': 3, 'out_dir': 'o', 'eval_interval': 9, 'learning_rate': 1.0,
+        assert common.auto_labels([base, other])[1] == label
+    assert common.training_setting({'config': {'seed': 3, 'out_dir': 'o', 'eval_interval': 9, 'learning_rate': 1.0,
                                           'dropout': 0.1}, 'model_args': {'dropout': 0.1}}) == {'learning_rate': 1.0}
 
     # old checkpoints without a config still group by seed

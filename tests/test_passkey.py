@@ -431,3 +431,55 @@ def test_eval_passkey_errors_are_one_line(tmp_path):
                        cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.startswith('eval_passkey.py: error: --rope_scaling=yarn applies to RoPE')
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_eval_passkey_groups_seeds_by_hand(tmp_path, monkeypatch):
+    """Checkpoints that differ only by their seed form one group: per length the mean and sample std
+    (ddof 1) of the seeds' figures (each the mean over depths), and how many seeds learned the task
+    (exact match >= learned_exact at the training length); one trained otherwise is a group of its own.
+    Scores are made up per checkpoint (a marker in its weights) and the expected figures worked out by hand."""
+    root = str(tmp_path)
+    make_text_data(os.path.join(root, 'data'))
+    ckpts = []
+    for marker, (run, conf) in enumerate([('k_s1', {'seed': 1}), ('k_s2', {'seed': 2}), ('k_s3', {'seed': 3}),
+                                          ('k_lr', {'seed': 1, 'learning_rate': 1e-3})], 1):
+        out = make_ckpt(root, run, pos='kerple', block_size=96)
+        ck = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=False)
+        ck['config'].update(conf)
+        ck['model']['transformer.ln_f.weight'][0] = marker
+        torch.save(ck, os.path.join(out, 'ckpt.pt'))
+        ckpts.append(out)
+    # marker -> {length: (depths right, log-likelihood per token)}; depths 0, 0.5, 1: "right at depths
+    # <= 0.5" is an exact match of 2/3 over depths
+    plan = {1: {96: (1.0, -0.5), 192: (0.0, -1.0)}, 2: {96: (0.5, -1.0), 192: (-1, -2.0)},
+            3: {96: (0.0, -1.5), 192: (-1, -3.0)}, 4: {96: (-1, -2.3), 192: (-1, -2.3)}}
+
+    def fake_score(model, ps, device='cpu', ctx=None, batch=1):
+        marker = round(model.transformer.ln_f.weight[0].item())
+        for p in ps:
+            upto, lp = plan[marker][p['length']]
+            n = p['answer'].stop - p['answer'].start
+            p.update(exact=p['depth'] <= upto, logp_mean=lp, logp=n * lp, said=p['ids'][p['answer']].tolist())
+        return ps
+
+    monkeypatch.setattr(EP, 'score_prompts', fake_score)
+    res = EP.evaluate(ep_cfg(out_dir=os.path.join(root, 'res'), plot=False), ckpts)
+    assert [r['setting'] for r in res['rows']] == ['kerple'] * 3 + ['kerple[learning_rate=0.001]']
+    g, lr = res['groups']
+    assert (g['label'], g['n'], g['seeds'], lr['n']) == ('kerple', 3, [1, 2, 3], 1)
+    # exact match at 96: 1, 2/3, 1/3 -> mean 2/3, std 1/3; at 192: 1/3, 0, 0 -> mean 1/9, std sqrt(1/27)
+    assert g['per_length'][96]['accuracy']['mean'] == pytest.approx(2 / 3)
+    assert g['per_length'][96]['accuracy']['std'] == pytest.approx(1 / 3)
+    assert g['per_length'][192]['accuracy']['mean'] == pytest.approx(1 / 9)
+    assert g['per_length'][192]['accuracy']['std'] == pytest.approx(math.sqrt(1 / 27))
+    # log-likelihood at 96: -0.5, -1, -1.5 -> -1 ± 0.5; at 192: -1, -2, -3 -> -2 ± 1
+    assert (g['per_length'][96]['logp_mean']['mean'], g['per_length'][96]['logp_mean']['std']) == pytest.approx((-1, 0.5))
+    assert (g['per_length'][192]['logp_mean']['mean'], g['per_length'][192]['logp_mean']['std']) == pytest.approx((-2, 1))
+    # learned at the training length (96): seeds 1 (100%) and 2 (67%), not seed 3 (33%)
+    assert (g['learned'], lr['learned'], lr['per_length'][96]['accuracy']['std']) == (2, 0, None)
+    md = open(os.path.join(root, 'res', 'passkey.md')).read()
+    assert '| kerple | 1,2,3 | 2 of 3 | 67% ± 33 | 11% ± 19 |' in md
+    assert '| kerple | 1,2,3 | 2 of 3 | -1.000 ± 0.500 | -2.000 ± 1.000 |' in md
+    assert '| kerple[learning_rate=0.001] | 1 | 0 of 1 | 0% | 0% |' in md
+    saved = json.load(open(os.path.join(root, 'res', 'passkey.json')))
+    assert saved['groups'][0]['learned'] == 2 and saved['protocol']['learned_exact'] == 0.5
