@@ -251,8 +251,8 @@ def _run_path(cfg):
 
 # options that change how a run is driven or shown, not what it computes: a finished run is reused
 # (resume=True) whatever they are
-_NOT_RESULT_KEYS = {'out_dir', 'plot', 'resume', 'grid', 'grid_tasks', 'grid_pos', 'grid_dape', 'seeds',
-                    'learning_rates', 'log_interval', 'compile'}
+_NOT_RESULT_KEYS = {'out_dir', 'plot', 'resume', 'grid', 'grid_tasks', 'grid_pos', 'grid_dape', 'grid_dape_pos',
+                    'seeds', 'learning_rates', 'log_interval', 'compile'}
 
 
 def _same_run(saved, cfg):
@@ -526,12 +526,20 @@ def paper_table(tasks):
     return '\n'.join(lines)
 
 
+def grid_columns(cfg):
+    """The grid's (pos, dape) columns: every grid_pos without DAPE, and with each DAPE of grid_dape
+    those of grid_dape_pos ('' = every grid_pos)."""
+    encodings = _split(cfg['grid_pos'])
+    with_dape = _split(cfg['grid_dape_pos']) or encodings
+    return [(p, d) for d in _split(cfg['grid_dape']) for p in encodings if d == 'none' or p in with_dape]
+
+
 def run_grid(cfg, log=print):
     """Every task x every (pos, dape), each at every seed x learning rate: train, evaluate, print and
     write the Table 2-shaped tables. With resume=True, runs finished earlier (out_dir/runs/) are reused,
     so an interrupted grid picks up where it stopped, and grids split by task share one out_dir."""
     tasks = resolve_tasks(cfg['grid_tasks'])
-    columns = [(p, d) for d in _split(cfg['grid_dape']) for p in _split(cfg['grid_pos'])]
+    columns = grid_columns(cfg)
     paper = any(t in PAPER_TABLE2 for t in tasks)  # the paper's figures beside CHE tasks only
     cells, t0 = {}, time.time()
     out = cfg['out_dir']
@@ -607,6 +615,7 @@ grid = False                 # True: every grid_tasks x grid_pos x grid_dape, Ta
 grid_tasks = 'table2'        # table2 (the paper's 14) | all (CHE's 15) | retrieval | comma-separated names
 grid_pos = 'alibi,kerple,fire'
 grid_dape = 'none,v1'
+grid_dape_pos = ''           # the encodings run with DAPE (grid_dape other than none); '' = every grid_pos
 config_keys = [k for k in globals() if k not in _names_before_config and not k.startswith('_')]
 
 
@@ -615,7 +624,11 @@ def check_config(cfg):
     cell's GPTConfig, which validates itself (ValueError naming the field)."""
     if cfg['grid']:
         tasks = resolve_tasks(cfg['grid_tasks'])
-        cells = [(t, p, d) for t in tasks for d in _split(cfg['grid_dape']) for p in _split(cfg['grid_pos'])]
+        outside = set(_split(cfg['grid_dape_pos'])) - set(_split(cfg['grid_pos']))
+        if outside:
+            raise ValueError(f"grid_dape_pos names {', '.join(sorted(outside))}, which grid_pos="
+                             f"{cfg['grid_pos']!r} does not run: list them in grid_pos too")
+        cells = [(t, p, d) for t in tasks for p, d in grid_columns(cfg)]
     else:
         cells = [(get_task(cfg['task']).name, cfg['pos'], cfg['dape'])]
     if not cells:

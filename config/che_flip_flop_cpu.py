@@ -1,12 +1,13 @@
 # Flip-flop language modelling at CPU scale (retrieval_data.py): causal models trained on sequences of up to
 # 32 instruction-bit pairs (64 tokens) of FFL(0.8), tested up to 8x longer on FFL(0.8) and on its sparse
 # (p_ignore 0.98) and dense (0.1) distributions. Seeds 0, 1, 2.
-# $ OMP_NUM_THREADS=1 python che_tasks.py config/che_flip_flop_cpu.py --grid_pos=fox --grid_dape=none,v1
+# $ OMP_NUM_THREADS=1 python che_tasks.py config/che_flip_flop_cpu.py --grid_pos=fox --grid_dape_pos=fox
 task = 'flip_flop'
 grid = True
 grid_tasks = 'flip_flop'
 grid_pos = 'nope,rope,alibi,kerple,fox'
 grid_dape = 'none,v1'
+grid_dape_pos = 'kerple,fox'  # DAPE V1 on these two: DAPE-Kerple and DAPE-FoX
 seeds = '0,1,2'
 rand_pos = False        # causal language models at positions 0..T-1
 n_layer = 2

@@ -1,12 +1,13 @@
 # Multi-query associative recall at CPU scale (retrieval_data.py): causal models trained on up to 8
 # key-value pairs (32 tokens), tested on 9 to 64 pairs (up to 256 tokens, 8x the longest training
 # sequence). Seeds 0, 1, 2.
-# $ OMP_NUM_THREADS=1 python che_tasks.py config/che_mqar_cpu.py --grid_pos=fox --grid_dape=none,v1
+# $ OMP_NUM_THREADS=1 python che_tasks.py config/che_mqar_cpu.py --grid_pos=fox --grid_dape_pos=fox
 task = 'mqar'
 grid = True
 grid_tasks = 'mqar'
 grid_pos = 'nope,rope,alibi,kerple,fox'
 grid_dape = 'none,v1'
+grid_dape_pos = 'kerple,fox'  # DAPE V1 on these two: DAPE-Kerple and DAPE-FoX
 seeds = '0,1,2'
 rand_pos = False        # causal language models at positions 0..T-1
 n_layer = 2

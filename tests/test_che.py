@@ -451,6 +451,13 @@ def test_runner_cli_end_to_end(tmp_path):
     assert p.returncode == 2 and "unknown task 'nope'" in p.stderr
 
 
+def test_grid_columns_run_dape_on_the_encodings_asked_for():
+    cfg = _cfg(grid_pos='nope,alibi,kerple', grid_dape='none,v1,v2', grid_dape_pos='kerple')
+    assert C.grid_columns(cfg) == [('nope', 'none'), ('alibi', 'none'), ('kerple', 'none'), ('kerple', 'v1'),
+                                   ('kerple', 'v2')]
+    assert len(C.grid_columns(dict(cfg, grid_dape_pos=''))) == 9  # '' is every grid_pos
+
+
 @pytest.mark.parametrize('option, message', [
     (dict(dtype='float64'), "dtype must be auto, float32, bfloat16 or float16, got 'float64'"),
     (dict(device='tpu'), "--device=tpu is not a device: use auto, cpu, cuda or cuda:N"),
@@ -462,6 +469,8 @@ def test_runner_cli_end_to_end(tmp_path):
     (dict(seeds='1,1'), "must not repeat"),
     (dict(eval_draws=0), "eval_draws must be >= 1"),
     (dict(bidir_bias='left'), "unknown bidir_bias='left'"),
+    (dict(grid=True, grid_tasks='even_pairs', grid_pos='alibi,kerple', grid_dape_pos='kerple,fire'),
+     "grid_dape_pos names fire, which grid_pos='alibi,kerple' does not run"),
 ])
 def test_bad_options_fail_before_training(option, message):
     with pytest.raises(ValueError, match=message.replace('(', r'\(')):
