@@ -484,8 +484,9 @@ def grid_table(cells, tasks, columns, cfg):
                   f"{cfg['max_iters']} steps of batch {cfg['batch_size']}, "
                   f"{cfg['n_layer']}L/{cfg['n_head']}H/d{cfg['n_embd']}, randomized positions "
                   f"{'up to ' + str(cfg['rand_pos_max']) if cfg['rand_pos'] else 'off'}"
-                  f"{' (in evaluation too)' if cfg['rand_pos'] and cfg['rand_pos_eval'] else ''}, "
-                  f"bidir_bias={cfg['bidir_bias']} (CHE's encoders). n/s: not servable at the test lengths."
+                  f"{' (in evaluation too)' if cfg['rand_pos'] and cfg['rand_pos_eval'] else ''}"
+                  + (f", bidir_bias={cfg['bidir_bias']} (CHE's encoders)" if any(not TASKS[t].causal for t in tasks)
+                     else "") + ". n/s: not servable at the test lengths."
                   + (" The paper: max over seeds and learning rates after 200k steps, lengths 41..500."
                      if any(t in PAPER_TABLE2 for t in tasks) else "")]
     return '\n'.join(lines)

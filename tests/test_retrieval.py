@@ -123,6 +123,7 @@ def test_other_test_distributions_are_summarized_and_tabled():
     table = che_tasks.grid_table({('flip_flop', 'fox', 'none'): cell}, ['flip_flop'], [('fox', 'none')], cfg)
     assert "| retrieval | flip_flop, sparse | 50 | 70.00 (60.00) |" in table
     assert "| retrieval | flip_flop, dense | 50 | 99.00 (98.00) |" in table
+    assert "bidir_bias" not in table  # a causal task has no left and right to tell apart
     summary = che_tasks.summary_table({('flip_flop', 'fox', 'none'): cell}, ['flip_flop'], [('fox', 'none')])
     assert "OOD dense max | OOD dense mean | OOD sparse max | OOD sparse mean |" in summary
     assert summary.splitlines()[-1].endswith("| 99.00 | 98.00 | 70.00 | 60.00 | - |")
