@@ -2,11 +2,13 @@
 Write the CPU demo's results into README.md (between the demo-results markers) and its plot into docs/.
 demo.sh runs it after eval_extrapolate.py:
 
-    python demo_report.py results/demo
+    python demo_report.py results/demo --minutes=52 --models=8
 
 The section is made from results.json alone, so it always shows what the last demo measured: the
-machine, the date, the training steps, the perplexity and bits-per-byte tables, the plot, a few
-observations computed from the numbers (not written by hand), and the paper's Table 5 beside them.
+machine, the date, the training steps and seeds, the perplexity and bits-per-byte tables (mean ± sample
+std over seeds), the Welch p-values of DAPE-X against X, the plot, a few observations computed from the
+numbers (not written by hand), and the paper's Table 5 beside them. With --minutes and --models, the
+README's first command line also says how many models the demo trained and how long it took.
 """
 
 import datetime
@@ -14,6 +16,7 @@ import json
 import math
 import os
 import platform
+import re
 import shutil
 import sys
 
@@ -40,21 +43,40 @@ def machine():
     return f"{cpu}, {os.cpu_count()} cores, {platform.system()}, torch {torch.__version__}"
 
 
+def cell(stat, fmt):
+    if stat["status"] != "ok":
+        return stat["status"]
+    return fmt.format(stat["mean"]) + ("" if stat["std"] is None else " ± " + fmt.format(stat["std"]))
+
+
 def table(results, key, fmt):
+    """A row per group of seeds (a row per run where each has one seed): the mean ± sample std."""
     lengths = results["lengths"]
-    rows = ["| model | " + " | ".join(str(L) for L in lengths) + " |", "| --- " * (len(lengths) + 1) + "|"]
-    for run in results["runs"]:
-        cells = []
-        for L in lengths:
-            r = run["results"][str(L)]
-            cells.append(fmt.format(r[key]) if r.get(key) is not None else r["status"])
-        rows.append(f"| {run['label']} | " + " | ".join(cells) + " |")
+    several = any(g["n"] > 1 for g in results["groups"])
+    rows = ["| model | " + ("seeds | " if several else "") + " | ".join(str(L) for L in lengths) + " |",
+            "| --- " * (len(lengths) + 1 + several) + "|"]
+    for g in results["groups"]:
+        cells = [cell(g[key][str(L)], fmt) for L in lengths]
+        rows.append(f"| {g['label']} | " + (f"{g['n']} | " if several else "") + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def pvalue_table(results):
+    """Welch's two-sided p per length, DAPE-X against X, where both have at least two seeds."""
+    lengths = results["lengths"]
+    rows = ["| DAPE-X vs X | " + " | ".join(str(L) for L in lengths) + " |", "| --- " * (len(lengths) + 1) + "|"]
+    for c in results["comparisons"]:
+        ps = [c["p_value"][str(L)] for L in lengths]
+        if not any(p["status"] == "ok" for p in ps):  # a single seed on either side: no test to show
+            continue
+        rows.append(f"| {c['label']} vs {c['baseline']} | "
+                    + " | ".join(f"{p['p']:.3g}" if p["status"] == "ok" else p["status"] for p in ps) + " |")
     return "\n".join(rows)
 
 
 def ppl_by_label(results):
-    """{label: [perplexity or None at each evaluation length]} of an eval_extrapolate results.json."""
-    return {run["label"]: [run["results"][str(L)].get("ppl") for L in results["lengths"]] for run in results["runs"]}
+    """{label: [mean perplexity or None at each evaluation length]} of an eval_extrapolate results.json."""
+    return {g["label"]: [g["ppl"][str(L)].get("mean") for L in results["lengths"]] for g in results["groups"]}
 
 
 def observations(results):
@@ -72,7 +94,12 @@ def observations(results):
         if base in ppl:
             pairs = [(d, b) for d, b in zip(ppl[dape_label], ppl[base]) if d and b]
             wins = sum(d < b for d, b in pairs)
-            notes.append(f"{dape_label} below {base} at {wins} of {len(pairs)} lengths")
+            note = f"{dape_label} below {base} at {wins} of {len(pairs)} lengths"
+            c = next((c for c in results["comparisons"] if c["label"] == dape_label and c["baseline"] == base), None)
+            ps = [] if c is None else [p["p"] for p in c["p_value"].values() if p["status"] == "ok"]
+            if ps:
+                note += f" (mean over seeds); Welch p < 0.05 at {sum(p < 0.05 for p in ps)} of {len(ps)}"
+            notes.append(note)
     return "\n".join(f"- {n}" for n in notes)
 
 
@@ -151,40 +178,64 @@ def passkey_section(results_dir):
         note = (f"{row['label']}: exact match {at_train_text}"
                 f"{100 * max(beyond, default=0):.0f}% at best beyond it; log-likelihood per digit above chance "
                 f"({proto['chance_logp_per_digit']:.2f}) by more than 0.05 at {above} of {len(logp)} lengths")
-        if at_train is not None and at_train < 0.5:
+        if at_train is not None and at_train < proto["learned_exact"]:
             # A model that cannot retrieve at its own length says nothing about extrapolation.
             note += " (not learned at the training length, so the longer lengths do not test extrapolation)"
         lines.append(note)
+    models = sorted({row["pos"] for row in pk["rows"]})
     return f"""
 
 **Passkey retrieval** (`eval_passkey.py`, Mohtashami & Jaggi 2023): "The pass key is NNNNN. Remember it." hidden
 at depths {', '.join(map(str, proto['depths']))} of held-out text, then "What is the pass key? The pass key is";
-{proto['trials']} samples per length and depth, the same prompts for every model. The prompt takes 81 bytes, more
-than the perplexity models' training length, so these models were trained at {block} bytes with
-`--passkey_frac` of the training rows replaced by passkey samples (filler from the training books): retrieval
-past {block} bytes tests extrapolation alone. RoPE is also read with PI, NTK-aware and YaRN (s = L / {block}).
+{proto['trials']} samples per length and depth. The prompt takes 81 bytes, more than the perplexity models'
+training length, so the demo trains a passkey model of its own ({', '.join(models)}, one seed) at {block} bytes
+with `--passkey_frac` of the training rows replaced by passkey samples (filler from the training books):
+retrieval past {block} bytes tests extrapolation alone, here of RoPE read plainly and with PI, NTK-aware and
+YaRN (s = L / {block}). At this budget Kerple and DAPE-Kerple do not learn retrieval even at their training
+length; the setting in which they do, and what was tried, are in [docs/passkey_results.md](docs/passkey_results.md).
 
 {md_sections(path, ('Exact match', 'Log-likelihood'))}
 
 {chr(10).join('- ' + n for n in lines)}"""
 
 
-def main(results_dir):
+def first_line(minutes, models, groups):
+    """The README's demo command line: what `bash demo.sh` trains and how long it took, as measured."""
+    seeds = max(g["n"] for g in groups)
+    what = f"{models} CPU models" + (f" ({seeds} seeds of the Kerple trio)" if seeds > 1 else "")
+    return (f"bash demo.sh    # installs, prepares the embedded books, trains {what}, evaluates them to 16x "
+            f"their length ({minutes} min, measured)")
+
+
+def main(results_dir, minutes=None, models=None):
     with open(os.path.join(results_dir, "results.json")) as f:
         results = json.load(f)
     args = results["runs"][0]["model_args"]
     iters = sorted({run["iter_num"] for run in results["runs"]})
     protocol = results["protocol"]
+    seeds = max(g["n"] for g in results["groups"])
+    several = [g["label"] for g in results["groups"] if g["n"] > 1]
+    seeds_text = (f"{seeds} seeds of {', '.join(several)}, one of the others; tables give the mean ± sample "
+                  f"std over seeds" if several else "one seed each")
+    command = "bash demo.sh" + ("" if seeds == 3 else f" --seeds={seeds}")
+    pvalues = (f"""
+
+DAPE-X against X, Welch's t-test on the per-seed perplexities (two-sided p; {seeds} seeds against {seeds}):
+
+{pvalue_table(results)}""" if several else "")
+    scope = ("with three seeds of the pairs that carry the claim, which is enough for a p-value but not for "
+             "a small one unless the gap is several standard deviations" if several else
+             "with one seed, so no p-value can be computed (`bash demo.sh` runs three)")
     os.makedirs(os.path.join(ROOT, "docs"), exist_ok=True)
     shutil.copyfile(os.path.join(results_dir, "ppl_vs_length.png"), os.path.join(ROOT, "docs", "demo_ppl_vs_length.png"))
 
     section = f"""{START}
 ## Results: the CPU demo
 
-Measured by `bash demo.sh` on {datetime.date.today().isoformat()}: {machine()}.
+Measured by `{command}` on {datetime.date.today().isoformat()}: {machine()}.
 Byte-level models on `gutenberg_char` (validation: two held-out books), {args['n_layer']} layers,
 {args['n_head']} heads, {args['n_embd']} wide, trained at length {args['block_size']} for
-{', '.join(map(str, iters))} steps, one seed each. Evaluation: the paper's protocol, the last
+{', '.join(map(str, iters))} steps, {seeds_text}. Evaluation: the paper's protocol, the last
 {protocol['eval_tokens']} bytes of {protocol['num_windows']} windows per length scored, the same bytes at every length.
 
 Perplexity per byte:
@@ -193,7 +244,7 @@ Perplexity per byte:
 
 Bits per byte:
 
-{table(results, 'bpb', '{:.4f}')}
+{table(results, 'bpb', '{:.4f}')}{pvalues}
 
 ![perplexity against evaluation length, one colour per model](docs/demo_ppl_vs_length.png)
 
@@ -209,8 +260,8 @@ For comparison, the paper's Table 5 (mean of 3 seeds; subword perplexity, so the
 {PAPER_TABLE_5}
 
 What a CPU-scale run does and does not reproduce: the models are ~1000x smaller than the paper's 125M,
-trained for minutes on bytes rather than days on BPE tokens, with one seed, so absolute perplexities
-and the size of the gaps are not comparable, and no p-value can be computed. It does test the
+trained for minutes on bytes rather than days on BPE tokens, {scope}; absolute perplexities
+and the size of the gaps are not comparable. It does test the
 qualitative claims (RoPE degrading past its training length, ALiBi flat, DAPE-X at or below X), with
 every model seeing the same scored bytes; where the list above disagrees with the paper, that is the
 result of this run, not tuned away.{rope_section(results_dir)}{passkey_section(results_dir)}
@@ -223,6 +274,11 @@ result of this run, not tuned away.{rope_section(results_dir)}{passkey_section(r
         sys.exit(f"README.md has no {START} ... {END} section to replace")
     head, rest = readme.split(START, 1)
     tail = rest.split(END, 1)[1]
+    if minutes is not None and models is not None:
+        head, found = re.subn(r"^bash demo\.sh    #.*$", first_line(minutes, models, results["groups"]), head,
+                              count=1, flags=re.M)
+        if not found:
+            sys.exit("README.md has no 'bash demo.sh    # ...' line to rewrite")
     tmp = readme_path + ".tmp"
     with open(tmp, "w") as f:
         f.write(head + section + tail)
@@ -231,4 +287,9 @@ result of this run, not tuned away.{rope_section(results_dir)}{passkey_section(r
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "results/demo")
+    options = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
+    positional = [a for a in sys.argv[1:] if not a.startswith("--")]
+    if set(options) - {"minutes", "models"} or len(positional) > 1 or len(sys.argv) - 1 > len(options) + len(positional):
+        sys.exit("usage: python demo_report.py [RESULTS_DIR] [--minutes=M --models=N]")
+    main(positional[0] if positional else "results/demo",
+         *(int(options[k]) if k in options else None for k in ("minutes", "models")))
