@@ -394,37 +394,40 @@ def _write_json(path, obj):
 
 def plot_per_length(cells, task, path, cfg):
     """Accuracy against length over the whole axis, the training range shaded: one line per encoding
-    (the mean over its runs, their min..max as a band), the random-guess level dashed."""
+    (the mean over its runs, their min..max as a band), the random-guess level dashed; a panel per test
+    distribution where the task has several (flip-flop's sparse and dense)."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(8, 4))
-    ax.axvspan(0.5, cfg['train_max_len'] + 0.5, color='0.92', label='training lengths (ID)')
-    for label, cell in cells.items():
-        runs = [r for r in cell.get('runs', []) if r.get('per_length') or r.get('id_per_length')]
-        if not runs:
-            continue
-        curves = [{**r.get('id_per_length', {}), **r.get('per_length', {})} for r in runs]
-        Ns = sorted(set.intersection(*(set(map(int, c)) for c in curves)))
-        acc = np.array([[c[str(n)] for n in Ns] for c in curves])
-        line, = ax.plot(Ns, acc.mean(axis=0), lw=1.2,
-                        label=f"{label}: ID {_fmt(cell.get('id_score'))} / OOD {_fmt(cell.get('score'))}")
-        if len(runs) > 1:
-            ax.fill_between(Ns, acc.min(axis=0), acc.max(axis=0), color=line.get_color(), alpha=0.2, lw=0)
-        for v, style in zip(task.variants, (':', '-.', '--')):  # other test distributions, same colour
-            curves = [r['variants'][v]['per_length'] for r in runs]
-            Nv = sorted(set.intersection(*(set(map(int, c)) for c in curves)))
-            ax.plot(Nv, np.mean([[c[str(n)] for n in Nv] for c in curves], axis=0), ls=style, lw=1,
-                    color=line.get_color(), label=f"{label}, {v}: OOD {_fmt(cell['variants'][v]['score'])}")
-    ax.axhline(100 * task.random_baseline, color='gray', ls='--', lw=1, label='random')
-    draws = position_draws(cfg)
-    ax.set_xlabel(f"length N (trained on 1..{cfg['train_max_len']}); "
-                  f"{_eval_text(cfg['eval_samples'], draws)}")
-    ax.set_ylabel('accuracy (%)')
-    ax.set_ylim(0, 101)
+    panels = [None] + list(task.variants)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels) + 2.5, 4), sharey=True, squeeze=False)
+    for ax, v in zip(axes[0], panels):
+        ax.axvspan(0.5, cfg['train_max_len'] + 0.5, color='0.92', label='training lengths (ID)')
+        for i, (label, cell) in enumerate(cells.items()):
+            runs = [r for r in cell.get('runs', []) if r.get('per_length') or r.get('id_per_length')]
+            if not runs:
+                continue
+            if v is None:  # the training distribution: ID and OOD lengths
+                curves = [{**r.get('id_per_length', {}), **r.get('per_length', {})} for r in runs]
+                text = f"{label}: ID {_fmt(cell.get('id_score'))} / OOD {_fmt(cell.get('score'))}"
+            else:
+                curves = [r['variants'][v]['per_length'] for r in runs]
+                text = f"{label}: OOD {_fmt(cell['variants'][v]['score'])}"
+            Ns = sorted(set.intersection(*(set(map(int, c)) for c in curves)))
+            acc = np.array([[c[str(n)] for n in Ns] for c in curves])
+            ax.plot(Ns, acc.mean(axis=0), lw=1.2, color=f"C{i}", label=text)
+            if len(runs) > 1:
+                ax.fill_between(Ns, acc.min(axis=0), acc.max(axis=0), color=f"C{i}", alpha=0.2, lw=0)
+        ax.axhline(100 * task.random_baseline, color='gray', ls='--', lw=1, label='random')
+        ax.set_xlabel(f"length N (trained on {task.min_len}..{cfg['train_max_len']})")
+        ax.set_ylim(0, 101)
+        ax.set_title(task.name if v is None else f"{task.name}, {v} (OOD lengths)", fontsize=10)
+        ax.legend(fontsize=7, loc='lower left')
+    axes[0][0].set_ylabel('accuracy (%)')
     n = len(parse_seeds(cfg)) * len(parse_learning_rates(cfg))
-    ax.set_title(f"{'CHE ' if not task.causal else ''}{task.name}" + (f": mean of {n} runs (band: min..max); legend: max" if n > 1 else ""))
-    ax.legend(fontsize=7)
+    fig.suptitle(f"{'CHE ' if not task.causal else ''}{task.name}: "
+                 + (f"mean of {n} runs (band: min..max), legend: max; " if n > 1 else "")
+                 + _eval_text(cfg['eval_samples'], position_draws(cfg)), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
