@@ -720,7 +720,9 @@ def fit_section(cfg):
                 write_fit(cfg["fit_out"], digest, shapes, entries)
     write_fit(cfg["fit_out"], digest, shapes, entries)
     print(f"\nfit: {len(entries)} combinations ({time.time() - t0:.0f} s), written to {cfg['fit_out']}\n")
-    print(fit_markdown(entries, shapes))
+    for dtypes in ("16-bit", "float32"):
+        print(f"{dtypes}: shared memory per block, forward / backward; spill stores per thread, forward / backward\n"
+              f"{fit_markdown(entries, shapes, dtypes)}\n")
     return dict(source_hash=digest, entries=entries)
 
 
@@ -756,29 +758,40 @@ def write_fit(path, digest, shapes, entries):
     os.replace(path + ".tmp", path)
 
 
-def fit_markdown(entries, shapes):
-    """The README's table: per architecture, head shape and V1 / V2, the largest figures over dtypes
-    float16 / bfloat16, a bias map, FoX's terms or none, causal or not (float32 in rows of its own)."""
+def fit_markdown(entries, shapes, dtypes="16-bit"):
+    """The README's table for the 16-bit dtypes (float16 and bfloat16) or for float32: a row per config
+    head shape and V1 / V2, a column per architecture; each cell the largest figures over the dtypes, a
+    bias map, FoX's terms or none, causal or not: shared memory per block forward / backward, then ptxas'
+    spill stores per thread forward / backward; 'refused' where dape_triton refuses the combination
+    (the PyTorch path runs), '**no**' where a kernel does not fit and is not refused. Registers per
+    thread in a line below."""
     import dape_triton
-    rows = {}
+    cells, regs = {}, set()
     for e in entries:
-        half = e["dtype"] != "float32"
-        key = (e["arch"], "16-bit" if half else "float32", e["n_head"], e["head_size"], e["width"], e["kernel_size"])
-        r = rows.setdefault(key, dict(fwd=[0, 0, 0], bwd=[0, 0, 0], refused=set()))
-        for name, k in (("fwd", "forward"), ("bwd", "backward")):
-            r[name] = [max(r[name][0], e[k]["shared"]), max(r[name][1], e[k]["registers"]),
-                       max(r[name][2], e[k]["spill_stores"])]
-        if e["refused"]:
-            r["refused"].add(e["refused"])
-    out = ["| GPU (limit) | dtype | heads x size, D (configs) | f | forward: shared KB, regs, spill B | "
-           "backward: shared KB, regs, spill B | fits |", "| --- | --- | --- | --- | --- | --- | --- |"]
-    for (arch, dt, H, hs, D, ks), r in sorted(rows.items()):
-        limit = dape_triton.SHARED_KB[arch]
-        fits = max(r["fwd"][0], r["bwd"][0]) <= limit * 1024
-        verdict = "yes" if fits else ("refused" if r["refused"] else "**no**")
-        out.append(f"| sm_{arch} ({limit} KB) | {dt} | {H}x{hs}, {D} ({', '.join(shapes[(H, hs, D)])}) | "
-                   f"{'V1' if ks == 1 else f'V2 k={ks}'} | {r['fwd'][0] / 1024:.0f}, {r['fwd'][1]}, {r['fwd'][2]} | "
-                   f"{r['bwd'][0] / 1024:.0f}, {r['bwd'][1]}, {r['bwd'][2]} | {verdict} |")
+        if (e["dtype"] == "float32") != (dtypes == "float32"):
+            continue
+        c = cells.setdefault((e["n_head"], e["head_size"], e["width"], e["kernel_size"]), {}).setdefault(
+            e["arch"], dict(shared=[0, 0], spill=[0, 0], refused=False))
+        for i, k in enumerate(("forward", "backward")):
+            c["shared"][i] = max(c["shared"][i], e[k]["shared"])
+            c["spill"][i] = max(c["spill"][i], e[k]["spill_stores"])
+            regs.add(e[k]["registers"])
+        c["refused"] |= bool(e["refused"])
+    archs = sorted({a for row in cells.values() for a in row})
+    out = ["| heads x size, D (configs) | f | " + " | ".join(f"sm_{a} ({dape_triton.SHARED_KB[a]} KB)" for a in archs)
+           + " |", "| --- | --- |" + " --- |" * len(archs)]
+    for (H, hs, D, ks), row in sorted(cells.items()):
+        texts = []
+        for a in archs:
+            c = row[a]
+            fits = max(c["shared"]) <= dape_triton.SHARED_KB[a] * 1024
+            texts.append(f"{c['shared'][0] / 1024:.0f} / {c['shared'][1] / 1024:.0f} KB, "
+                         f"{c['spill'][0]} / {c['spill'][1]} B" + ("" if fits else " refused" if c["refused"]
+                                                                  else " **no**"))
+        out.append(f"| {H}x{hs}, {D} ({', '.join(shapes[(H, hs, D)])}) | {'V1' if ks == 1 else f'V2 k={ks}'} | "
+                   + " | ".join(texts) + " |")
+    if regs:
+        out.append(f"\nRegisters per thread: {min(regs)}" + (f" to {max(regs)}" if len(regs) > 1 else "") + ".")
     return "\n".join(out)
 
 

@@ -1,6 +1,6 @@
-# Flip-flop language modelling at CPU scale (retrieval_data.py): causal models trained on sequences of up to
-# 32 instruction-bit pairs (64 tokens) of FFL(0.8), tested up to 8x longer on FFL(0.8) and on its sparse
-# (p_ignore 0.98) and dense (0.1) distributions. Seeds 0, 1, 2.
+# Flip-flop language modelling at CPU scale (retrieval_data.py): causal models trained on sequences of up
+# to 32 instruction-bit pairs (64 tokens) of FFL(0.8), tested on 33 to 225 pairs (up to 450 tokens, 7x)
+# of FFL(0.8) and of its sparse (p_ignore 0.98) and dense (0.1) distributions. Seeds 0, 1, 2.
 # $ OMP_NUM_THREADS=1 python che_tasks.py config/che_flip_flop_cpu.py --grid_pos=fox --grid_dape_pos=fox
 task = 'flip_flop'
 grid = True
@@ -20,7 +20,7 @@ max_iters = 1500
 train_max_len = 32      # N ~ U{2..32} pairs
 id_stride = 3
 eval_min_len = 33
-eval_max_len = 256      # 512 tokens: 8x the longest training sequence
+eval_max_len = 256      # with eval_stride 32: N = 33, 65, ..., 225
 eval_stride = 32
 eval_samples = 64
 eval_draws = 1

@@ -1,5 +1,5 @@
 # Multi-query associative recall at CPU scale (retrieval_data.py): causal models trained on up to 8
-# key-value pairs (32 tokens), tested on 9 to 64 pairs (up to 256 tokens, 8x the longest training
+# key-value pairs (32 tokens), tested on 9 to 57 pairs (up to 228 tokens, 7x the longest training
 # sequence). Seeds 0, 1, 2.
 # $ OMP_NUM_THREADS=1 python che_tasks.py config/che_mqar_cpu.py --grid_pos=fox --grid_dape_pos=fox
 task = 'mqar'
@@ -20,7 +20,7 @@ max_iters = 3000
 train_max_len = 8       # N ~ U{1..8} pairs
 id_stride = 1
 eval_min_len = 9
-eval_max_len = 64
+eval_max_len = 64       # with eval_stride 8: N = 9, 17, ..., 57
 eval_stride = 8
 eval_samples = 64
 eval_draws = 1

@@ -87,15 +87,21 @@ def test_gpu_verdicts_read_the_right_rows(monkeypatch):
 
 
 def test_fit_table_marks_what_does_not_fit():
-    """The README's fit table: the largest figures over the rows of a group, and a group over the GPU's
-    shared memory is 'refused' when dape_triton refuses it, else flagged."""
+    """The README's fit table: per shape and architecture, the largest figures over the entries of a
+    dtype group; a kernel over the GPU's shared memory is 'refused' when dape_triton refuses it, else
+    flagged."""
     kernel = lambda kb, regs=255, spill=0: dict(shared=kb * 1024, registers=regs, spill_stores=spill)
-    e = lambda arch, dtype, H, kb, refused=None, spill=0: dict(
+    e = lambda arch, dtype, H, kb, refused=None, spill=0, regs=255: dict(
         arch=arch, dtype=dtype, n_head=H, head_size=64, width=32, kernel_size=1, bias=True, causal=True,
-        forward=kernel(30), backward=kernel(kb, spill=spill), refused=refused)
+        forward=kernel(30, regs), backward=kernel(kb, spill=spill), refused=refused)
     shapes = {(12, 64, 32): ["arxiv_128"], (32, 64, 32): ["big"]}
-    md = bench.fit_markdown([e(86, "bfloat16", 12, 48, spill=100), e(86, "float16", 12, 50, spill=40),
-                             e(86, "float32", 32, 120, refused="float32 ..."), e(90, "float32", 32, 230)], shapes)
-    lines = md.splitlines()[2:]
-    assert lines[0] == "| sm_86 (99 KB) | 16-bit | 12x64, 32 (arxiv_128) | V1 | 30, 255, 0 | 50, 255, 100 | yes |"
-    assert lines[1].endswith("| refused |") and lines[2].endswith("| **no** |") and len(lines) == 3
+    entries = [e(86, "bfloat16", 12, 48, spill=100), e(86, "float16", 12, 50, spill=40, regs=200),
+               e(90, "bfloat16", 12, 40), e(86, "float16", 32, 120), e(90, "float16", 32, 80),
+               e(86, "float32", 32, 120, refused="float32 ..."), e(90, "float32", 32, 230)]
+    lines = bench.fit_markdown(entries, shapes).splitlines()
+    assert lines[0] == "| heads x size, D (configs) | f | sm_86 (99 KB) | sm_90 (227 KB) |"
+    assert lines[2] == "| 12x64, 32 (arxiv_128) | V1 | 30 / 50 KB, 0 / 100 B | 30 / 40 KB, 0 / 0 B |"
+    assert lines[3] == "| 32x64, 32 (big) | V1 | 30 / 120 KB, 0 / 0 B **no** | 30 / 80 KB, 0 / 0 B |"
+    assert lines[-1] == "Registers per thread: 200 to 255." and len(lines) == 6
+    lines = bench.fit_markdown(entries, shapes, "float32").splitlines()
+    assert lines[2] == "| 32x64, 32 (big) | V1 | 30 / 120 KB, 0 / 0 B refused | 30 / 230 KB, 0 / 0 B **no** |"
