@@ -12,7 +12,7 @@
 #
 # Two training runs go at a time, one thread each (DEMO_JOBS=N for N at a time; each run gets the cores
 # divided by N): small models on a CPU train faster side by side than one after another on all cores.
-# Each run's output goes to its own log, out-demo/logs/<run>.log.
+# Each run's output goes to its own log, out-demo/logs/<run>.log (a resumed run appends to it).
 #
 # Safe to re-run: prepared data is reused, finished checkpoints are kept (an interrupted run resumes from
 # its last checkpoint), and every file is written whole or not at all.
@@ -79,7 +79,7 @@ train_one() {
     [ -f "$dir/ckpt.pt" ] && init=resume  # finished: evaluates once and stops; interrupted: continues
     echo "  start $name (pos=$pos dape=$dape seed=$seed, $init)"
     if ! OMP_NUM_THREADS=$THREADS $PY train.py config/demo_cpu.py --data_root=$DATA_ROOT --pos=$pos --dape=$dape \
-            --seed=$seed --out_dir=$dir --init_from=$init "$@" > "$log" 2>&1; then
+            --seed=$seed --out_dir=$dir --init_from=$init "$@" >> "$log" 2>&1; then
         echo "training $name failed; the end of $log:" >&2
         tail -n 20 "$log" >&2
         return 1

@@ -53,6 +53,8 @@ def test_demo_smoke_runs_end_to_end(tmp_path):
     again = subprocess.run(["bash", "demo.sh", "--smoke"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "already prepared" in again.stdout and again.stdout.count(", resume)") == 11  # 10 + the passkey model
+    log = (tmp_path / "out-demo-smoke" / "logs" / "dape_kerple_s2.log").read_text()
+    assert "iter 4:" in log.split("resumed from")[0] and log.count("resumed from") == 1  # appended, not replaced
 
     # the README section is rewritten from results.json, and only that section
     readme = tmp_path / "README.md"
