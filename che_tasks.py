@@ -426,8 +426,8 @@ def plot_per_length(cells, task, path, cfg):
     axes[0][0].set_ylabel('accuracy (%)')
     n = len(parse_seeds(cfg)) * len(parse_learning_rates(cfg))
     fig.suptitle(f"{'CHE ' if not task.causal else ''}{task.name}: "
-                 + (f"mean of {n} runs (band: min..max), legend: max; " if n > 1 else "")
-                 + _eval_text(cfg['eval_samples'], position_draws(cfg)), fontsize=10)
+                 + (f"mean of {n} runs (band: min..max), legend: max;" if n > 1 else "")
+                 + "\n" + _eval_text(cfg['eval_samples'], position_draws(cfg)), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -1,0 +1,20 @@
+# CHE at CPU scale where the baselines learn the task (docs/che_results.md): bucket_sort, which RoPE,
+# ALiBi and Kerple learn in 5000 steps of the che_cpu_table model (ID 69-97% in a search with seed 0;
+# even_pairs, missing_duplicate, modular_arithmetic_simple and stack_manipulation stayed near chance),
+# ALiBi, Kerple and RoPE with and without DAPE V1, 3 seeds, ID and OOD. 2 to 3 minutes per run on one
+# core; resumable, and splittable by DAPE:
+# $ OMP_NUM_THREADS=1 python che_tasks.py config/che_cpu_learned.py --grid_dape=none &
+# $ OMP_NUM_THREADS=1 python che_tasks.py config/che_cpu_learned.py --grid_dape=v1 &
+# $ wait; python che_tasks.py config/che_cpu_learned.py    # all runs reused: the combined table.md
+grid = True
+grid_tasks = 'bucket_sort'
+grid_pos = 'alibi,kerple,rope'
+grid_dape = 'none,v1'
+seeds = '0,1,2'
+learning_rates = '1e-3'
+max_iters = 5000         # che_tasks.py's model (2 layers, 4 heads, d=64, D_DAPE=32), batch 32
+id_stride = 3            # ID at N = 1, 4, ..., 40
+eval_stride = 10         # OOD at N = 41, 51, ..., 91; 64 samples and 4 position draws per length
+log_interval = 500
+resume = True
+out_dir = 'results_che/cpu_learned'
