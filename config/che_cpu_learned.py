@@ -1,8 +1,6 @@
-# CHE at CPU scale where the baselines learn the task (docs/che_results.md): bucket_sort, which RoPE,
-# ALiBi and Kerple learn in 5000 steps of the che_cpu_table model (ID 69-97% in a search with seed 0;
-# even_pairs, missing_duplicate, modular_arithmetic_simple and stack_manipulation stayed near chance),
-# ALiBi, Kerple and RoPE with and without DAPE V1, 3 seeds, ID and OOD. 2 to 3 minutes per run on one
-# core; resumable, and splittable by DAPE:
+# CHE at CPU scale where the baselines learn the task: bucket_sort, which RoPE, ALiBi and Kerple learn
+# in 5000 steps of the che_cpu_table model (the search and the results: docs/che_results.md), with and
+# without DAPE V1, 3 seeds, ID and OOD. Resumable, and splittable by DAPE:
 # $ OMP_NUM_THREADS=1 python che_tasks.py config/che_cpu_learned.py --grid_dape=none &
 # $ OMP_NUM_THREADS=1 python che_tasks.py config/che_cpu_learned.py --grid_dape=v1 &
 # $ wait; python che_tasks.py config/che_cpu_learned.py    # all runs reused: the combined table.md
