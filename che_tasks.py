@@ -37,7 +37,7 @@ import torch.nn.functional as F
 import che_data
 import retrieval_data
 from che_data import TABLE2_TASKS, make_batch, max_sequence_length
-from common import autocast as autocast_context, pick_device, pick_dtype
+from common import autocast as autocast_context, mean_std, pick_device, pick_dtype, welch_ttest
 from configurator import check_device, configure
 from model import GPT, GPTConfig
 from positional import ENCODINGS
@@ -252,7 +252,7 @@ def _run_path(cfg):
 # options that change how a run is driven or shown, not what it computes: a finished run is reused
 # (resume=True) whatever they are
 _NOT_RESULT_KEYS = {'out_dir', 'plot', 'resume', 'grid', 'grid_tasks', 'grid_pos', 'grid_dape', 'grid_dape_pos',
-                    'seeds', 'learning_rates', 'log_interval', 'compile'}
+                    'seeds', 'learning_rates', 'log_interval', 'compile', 'learned_frac'}
 
 
 def _same_run(saved, cfg):
@@ -521,6 +521,74 @@ def summary_table(cells, tasks, columns):
     return '\n'.join(lines)
 
 
+def learned_threshold(task, cfg):
+    """The ID accuracy (%) from which a run counts as having learned its task: learned_frac of the way
+    from the random-guess level to 100% (by default halfway: 75% where chance is 50%, 60% where it is 20%)."""
+    chance = 100 * task.random_baseline
+    return chance + cfg['learned_frac'] * (100 - chance)
+
+
+def _mean_std_text(values):
+    if any(v is None for v in values):
+        return 'n/s'
+    m, s = mean_std(values)
+    return f"{m:.1f}" if s is None else f"{m:.1f} ± {s:.1f}"
+
+
+def _welch_text(a, b):
+    """Two-sided p of Welch's t-test of a against b, or why there is none."""
+    if any(v is None for v in a + b):
+        return 'n/s'
+    if len(a) < 2 or len(b) < 2:
+        return '-'
+    try:
+        return f"{welch_ttest(a, b)[2]:.2g}"
+    except ValueError:  # both sides without spread
+        return '-'
+
+
+def seeds_table(cells, tasks, columns, cfg):
+    """A row per (task, encoding, learning rate), over its seeds: how many learned the task (ID at
+    least learned_threshold), ID and OOD accuracy as mean ± sample std with the per-seed figures, and
+    for DAPE-X the two-sided p of Welch's t-test of its OOD scores against X's at the same rate: what a
+    claim about DAPE's extrapolation rests on (seeds that did not learn the task say nothing about it)."""
+    rates = parse_learning_rates(cfg)
+    variants = sorted({v for t in tasks for v in TASKS[t].variants})
+    lines = ['| Task | Encoding |' + (' lr |' if len(rates) > 1 else '') + ' Random | learned | ID | ID per seed | '
+             'OOD | OOD per seed |' + ''.join(f' OOD {v} |' for v in variants) + ' Welch p (OOD), DAPE-X vs X |']
+    lines.append('|' + ' --- |' * (lines[0].count('|') - 1))
+    for t in tasks:
+        threshold = learned_threshold(TASKS[t], cfg)
+        for lr in rates:
+            for p, d in columns:
+                c = cells.get((t, p, d))
+                if c is None or 'runs' not in c:
+                    continue
+                runs = sorted((r for r in c['runs'] if r['learning_rate'] == lr), key=lambda r: r['seed'])
+                ids, oods = [r['id_score'] for r in runs], [r['score'] for r in runs]
+                learned = sum(v is not None and v >= threshold for v in ids)
+                base = cells.get((t, p, 'none'))
+                if d == 'none' or base is None or 'runs' not in base:
+                    welch = '-'
+                else:
+                    welch = _welch_text(oods, [r['score'] for r in base['runs'] if r['learning_rate'] == lr])
+                per_seed = lambda values: ', '.join('n/s' if v is None else f"{v:.1f}" for v in values)
+                lines.append(f"| {t} | {encoding_label(p, d)} |" + (f" {lr:g} |" if len(rates) > 1 else '')
+                             + f" {100 * TASKS[t].random_baseline:.0f} | {learned} of {len(runs)} | "
+                             f"{_mean_std_text(ids)} | {per_seed(ids)} | {_mean_std_text(oods)} | {per_seed(oods)} |"
+                             + ''.join(f" {_mean_std_text([r['variants'][v]['score'] for r in runs])} |"
+                                       if v in TASKS[t].variants else ' - |' for v in variants)
+                             + f" {welch} |")
+    seeds = parse_seeds(cfg)
+    thresholds = sorted({learned_threshold(TASKS[t], cfg) for t in tasks})
+    lines += ['', f"Accuracy (%) over seeds {','.join(map(str, seeds))}: mean ± sample std, and each seed's "
+                  f"figure in seed order. learned: the seeds whose ID accuracy reached "
+                  f"{cfg['learned_frac']:g} of the way from chance to 100% "
+                  f"({', '.join(f'{x:.4g}%' for x in thresholds)}). Welch p: DAPE-X's OOD scores against X's "
+                  f"(two-sided; '-' with fewer than two seeds a side)."]
+    return '\n'.join(lines)
+
+
 def paper_table(tasks):
     labels = [encoding_label(p, d) for p, d in PAPER_TABLE2_COLUMNS]
     lines = ['| Task | ' + ' | '.join(labels) + ' |', '| --- |' + ' --- |' * len(labels)]
@@ -560,6 +628,7 @@ def run_grid(cfg, log=print):
             if out:  # rewritten after every cell, so a long grid can be read while it runs
                 with open(os.path.join(out, 'table.md'), 'w') as f:
                     f.write(table + '\n\nEvery cell:\n\n' + summary_table(cells, done, columns)
+                            + '\n\nOver seeds:\n\n' + seeds_table(cells, done, columns, cfg)
                             + ('\n\nDAPE paper, Table 2:\n\n' + paper_table(tasks) if paper else '') + '\n')
                 _write_json(os.path.join(out, 'grid.json'), list(cells.values()))
         if out and cfg['plot']:
@@ -567,6 +636,8 @@ def run_grid(cfg, log=print):
                             TASKS[t], os.path.join(out, f"{t}.png"), cfg)
     log(f"\ngrid finished in {time.time() - t0:.0f}s\n")
     log(table)
+    log('\nOver seeds:\n')
+    log(seeds_table(cells, tasks, columns, cfg))
     if paper:
         log('\nDAPE paper, Table 2 (for reference):\n')
         log(paper_table(tasks))
@@ -600,6 +671,7 @@ learning_rate = 3e-4         # spec: one of 1e-4, 3e-4, 5e-4; constant
 learning_rates = ''          # several, comma-separated (e.g. 1e-4,3e-4,5e-4); '' = learning_rate
 seed = 0
 seeds = ''                   # several, comma-separated (e.g. 0,1,2); '' = seed
+learned_frac = 0.5           # a run learned its task when its ID accuracy is this far from chance to 100%
 grad_clip = 1.0
 id_stride = 1                # in-distribution accuracy at lengths 1..train_max_len, every id_stride-th
 eval_min_len = 41
@@ -664,6 +736,9 @@ def check_config(cfg):
     for lr in [cfg['learning_rate']] + rates:
         if not lr > 0:
             raise ValueError(f"learning_rate must be > 0, got {lr}")
+    if not 0 <= cfg['learned_frac'] <= 1:
+        raise ValueError(f"learned_frac must be in [0, 1] (the share of the way from chance to 100% that "
+                         f"counts as learned), got {cfg['learned_frac']}")
     if cfg['dtype'] not in ('auto', 'float32', 'bfloat16', 'float16'):
         raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {cfg['dtype']!r}")
     check_device(cfg['device'])

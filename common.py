@@ -1,7 +1,7 @@
 """
-What several scripts share: the device and dtype they run in, reading checkpoints and datasets, and the
-evaluation scripts' command lines, list options and result files, and the labels that group runs of
-one setting over seeds.
+What several scripts share: the device and dtype they run in, reading checkpoints and datasets, the
+evaluation scripts' command lines, list options and result files, the labels that group runs of one
+setting over seeds, and the statistics over seeds (mean and sample std, Welch's t-test).
 Scripts import this file (and the library files model.py, tokenizer.py, configurator.py), never each
 other.
 
@@ -374,3 +374,54 @@ def auto_labels(runs):
 def mean_std(values):
     v = np.asarray(values, dtype=np.float64)
     return float(v.mean()), (float(v.std(ddof=1)) if len(v) > 1 else None)
+
+
+# -----------------------------------------------------------------------------
+# Welch's t-test, without scipy: the t distribution's tail through the regularized incomplete beta
+
+
+def _betacf(a, b, x, max_iter=300, eps=3e-16, tiny=1e-300):
+    """Continued fraction of the incomplete beta function (modified Lentz; Numerical Recipes 6.4)."""
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, max_iter + 1):
+        m2 = 2 * m
+        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)),
+                   -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+            d = 1.0 + aa * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + aa / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < eps:
+            break
+    return h
+
+
+def betainc(a, b, x):
+    """Regularized incomplete beta function I_x(a, b)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def welch_ttest(a, b):
+    """Welch's unequal-variance t-test (scipy.stats.ttest_ind(a, b, equal_var=False)): returns
+    (t, df, two-sided p). Needs two or more values on each side and a nonzero variance."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if len(a) < 2 or len(b) < 2:
+        raise ValueError("Welch's t-test needs at least two values per group")
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    if va + vb == 0:
+        raise ValueError("Welch's t-test is undefined when both groups have zero variance")
+    t = (a.mean() - b.mean()) / math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    p = betainc(df / 2.0, 0.5, df / (df + t * t))
+    return float(t), float(df), float(min(1.0, p))

@@ -47,7 +47,8 @@ import torch.nn.functional as F
 
 from common import (InputError, auto_labels, autocast, checkpoints_and_config, find_checkpoints, find_data_dir,
                     format_table, jsonable, load_run, load_val, mean_std, parse_list, pick_device, pick_dtype,
-                    resolve_data_dir, rope_scaling_options, setting_of, training_data_dirs, training_setting)
+                    resolve_data_dir, rope_scaling_options, setting_of, training_data_dirs, training_setting,
+                    welch_ttest)
 from configurator import ConfigError
 from positional import rope_scaling_label, set_rope_scaling
 from tokenizer import GPT2_VOCAB_SIZE, load_meta, tokenizer_of_vocab
@@ -311,57 +312,6 @@ def group_runs(runs, eval_lengths):
                 g[metric][L] = {'status': 'ok', 'mean': m, 'std': s, 'n': len(vals), 'values': vals}
         out.append(g)
     return out
-
-
-# -----------------------------------------------------------------------------
-# Welch's t-test, without scipy: the t distribution's tail through the regularized incomplete beta
-
-
-def _betacf(a, b, x, max_iter=300, eps=3e-16, tiny=1e-300):
-    """Continued fraction of the incomplete beta function (modified Lentz; Numerical Recipes 6.4)."""
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, max_iter + 1):
-        m2 = 2 * m
-        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)),
-                   -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
-            d = 1.0 + aa * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + aa / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < eps:
-            break
-    return h
-
-
-def betainc(a, b, x):
-    """Regularized incomplete beta function I_x(a, b)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _betacf(a, b, x) / a
-    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
-
-
-def welch_ttest(a, b):
-    """Welch's unequal-variance t-test (scipy.stats.ttest_ind(a, b, equal_var=False)): returns
-    (t, df, two-sided p). Needs two or more values on each side and a nonzero variance."""
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    if len(a) < 2 or len(b) < 2:
-        raise ValueError("Welch's t-test needs at least two values per group")
-    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
-    if va + vb == 0:
-        raise ValueError("Welch's t-test is undefined when both groups have zero variance")
-    t = (a.mean() - b.mean()) / math.sqrt(va + vb)
-    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
-    p = betainc(df / 2.0, 0.5, df / (df + t * t))
-    return float(t), float(df), float(min(1.0, p))
 
 
 def plain_setting(g):

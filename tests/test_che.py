@@ -661,3 +661,66 @@ def test_che_config_files_are_valid():
     for path in files:
         cfg = configure({k: getattr(C, k) for k in C.config_keys}, [path])
         C.check_config(cfg)
+
+
+def _cell(task, pos, dape, scores, lr=1e-3):
+    """A finished cell from (seed, ID, OOD) triples, in the order given."""
+    runs = [{'seed': s, 'learning_rate': lr, 'id_score': i, 'score': o, 'final_train_acc': i}
+            for s, i, o in scores]
+    return {'task': task, 'pos': pos, 'dape': dape, 'runs': runs}
+
+
+def _row(table, start):
+    rows = [line for line in table.splitlines() if line.startswith(start)]
+    assert len(rows) == 1, (start, table)
+    return [c.strip() for c in rows[0].strip('|').split('|')]
+
+
+def test_seeds_table_counts_learned_seeds_and_pairs_dape_with_its_baseline():
+    """Per (task, encoding): seeds that reached the learned threshold on ID (not OOD), mean ± sample std
+    of ID and OOD, the per-seed figures in seed order, and Welch's p of DAPE-X's OOD scores against X's."""
+    import common
+    cells = {('reverse_string', 'alibi', 'none'): _cell('reverse_string', 'alibi', 'none',
+                                                         [(2, 90.0, 65.0), (0, 80.0, 60.0), (1, 70.0, 55.0)]),
+             ('reverse_string', 'alibi', 'v1'): _cell('reverse_string', 'alibi', 'v1',
+                                                      [(0, 75.0, 70.0), (1, 74.9, 72.0), (2, 100.0, 80.0)]),
+             ('reverse_string', 'kerple', 'none'): _cell('reverse_string', 'kerple', 'none',
+                                                          [(0, 99.0, 10.0), (1, 99.0, 11.0), (2, 99.0, 30.0)])}
+    columns = [('alibi', 'none'), ('kerple', 'none'), ('alibi', 'v1')]
+    cfg = _cfg(seeds='0,1,2', learning_rate=1e-3)
+    table = C.seeds_table(cells, ['reverse_string'], columns, cfg)
+    header = [c.strip() for c in table.splitlines()[0].strip('|').split('|')]
+    assert header == ['Task', 'Encoding', 'Random', 'learned', 'ID', 'ID per seed', 'OOD', 'OOD per seed',
+                      'Welch p (OOD), DAPE-X vs X']
+    # chance 50, learned_frac 0.5: learned from 75% ID on; OOD plays no part
+    assert C.learned_threshold(C.TASKS['reverse_string'], cfg) == 75.0
+    assert C.learned_threshold(C.TASKS['bucket_sort'], cfg) == 60.0
+    alibi = _row(table, '| reverse_string | ALiBi |')
+    assert alibi == ['reverse_string', 'ALiBi', '50', '2 of 3', '80.0 ± 10.0', '80.0, 70.0, 90.0',
+                     '60.0 ± 5.0', '60.0, 55.0, 65.0', '-']
+    dape = _row(table, '| reverse_string | DAPE-ALiBi |')
+    assert dape[3] == '2 of 3' and dape[5] == '75.0, 74.9, 100.0'  # 74.9 is below the threshold
+    p = common.welch_ttest([70.0, 72.0, 80.0], [60.0, 55.0, 65.0])[2]
+    assert dape[8] == f"{p:.2g}" != f"{common.welch_ttest([70.0, 72.0, 80.0], [10.0, 11.0, 30.0])[2]:.2g}"
+    assert _row(table, '| reverse_string | Kerple |')[3] == '3 of 3'
+    assert '75%' in table.splitlines()[-1]
+    assert _row(C.seeds_table(cells, ['reverse_string'], columns, dict(cfg, learned_frac=0.1)),
+                '| reverse_string | ALiBi |')[3] == '3 of 3'  # 55% is enough
+
+
+def test_seeds_table_rows_per_learning_rate_and_unservable_runs():
+    cells = {('even_pairs', 'alibi', 'none'): _cell('even_pairs', 'alibi', 'none', [(0, 90.0, 60.0), (1, 92.0, 62.0)]),
+             ('even_pairs', 'alibi', 'v1'): _cell('even_pairs', 'alibi', 'v1', [(0, 90.0, 70.0), (1, 92.0, 71.0)])}
+    for key, (lr_runs) in [(('even_pairs', 'alibi', 'none'), [(0, 50.0, 50.0), (1, 52.0, 51.0)]),
+                           (('even_pairs', 'alibi', 'v1'), [(0, 60.0, None), (1, 61.0, 52.0)])]:
+        cells[key]['runs'] += _cell(*key, lr_runs, lr=1e-4)['runs']
+    cfg = _cfg(seeds='0,1', learning_rates='1e-4,1e-3')
+    table = C.seeds_table(cells, ['even_pairs'], [('alibi', 'none'), ('alibi', 'v1')], cfg)
+    assert _row(table, '| even_pairs | ALiBi | 0.001 |')[4:7] == ['2 of 2', '91.0 ± 1.4', '90.0, 92.0']
+    assert _row(table, '| even_pairs | ALiBi | 0.0001 |')[4:7] == ['0 of 2', '51.0 ± 1.4', '50.0, 52.0']
+    import common
+    assert _row(table, '| even_pairs | DAPE-ALiBi | 0.001 |')[-1] == f"{common.welch_ttest([70.0, 71.0], [60.0, 62.0])[2]:.2g}"
+    low = _row(table, '| even_pairs | DAPE-ALiBi | 0.0001 |')
+    assert low[7:10] == ['n/s', 'n/s, 52.0', 'n/s']  # a run not servable at the test lengths: no mean, no test
+    with pytest.raises(ValueError, match='learned_frac must be in'):
+        C.check_config(_cfg(learned_frac=1.5))
