@@ -1,0 +1,22 @@
+# CHE at CPU scale, a second task the baselines learn: reverse_string with positions 0..T-1 (randomized
+# positions off), where ALiBi, Kerple and RoPE all learn it in 5000 steps of the che_cpu_table model.
+# With randomized positions from [0, 2048), ALiBi's fixed slopes, made for distances counted in tokens,
+# keep every head too local to learn it (the search and the results: docs/che_results.md). With and
+# without DAPE V1, 3 seeds, ID and OOD. Resumable, and splittable by DAPE:
+# $ OMP_NUM_THREADS=1 python che_tasks.py config/che_cpu_reverse.py --grid_dape=none &
+# $ OMP_NUM_THREADS=1 python che_tasks.py config/che_cpu_reverse.py --grid_dape=v1 &
+# $ wait; python che_tasks.py config/che_cpu_reverse.py    # all runs reused: the combined table.md
+grid = True
+grid_tasks = 'reverse_string'
+grid_pos = 'alibi,kerple,rope'
+grid_dape = 'none,v1'
+seeds = '0,1,2'
+learning_rates = '1e-3'
+rand_pos = False         # positions 0..T-1 in training
+rand_pos_eval = False    # and in evaluation
+max_iters = 5000         # che_tasks.py's model (2 layers, 4 heads, d=64, D_DAPE=32), batch 32
+id_stride = 3            # ID at N = 1, 4, ..., 40
+eval_stride = 10         # OOD at N = 41, 51, ..., 91; 64 samples per length
+log_interval = 500
+resume = True
+out_dir = 'results_che/cpu_reverse'
