@@ -376,8 +376,42 @@ def mean_std(values):
     return float(v.mean()), (float(v.std(ddof=1)) if len(v) > 1 else None)
 
 
+def over_seeds(values):
+    """One setting's figures over its seeds: {'status': 'ok', mean, std (sample, ddof=1; None for one
+    seed), n, values}."""
+    m, s = mean_std(values)
+    return {'status': 'ok', 'mean': m, 'std': s, 'n': len(values), 'values': [float(v) for v in values]}
+
+
+def group_over_seeds(runs, label, lengths, value):
+    """Runs that share label(run) form a group (in the order first seen); per length L, over_seeds of
+    the members' value(run, L). value is a number, or a str saying why a run has none (not servable,
+    too long, ...), which leaves that run out; where no run has a number, the group keeps the first
+    reason. -> [{'label', 'members', 'stats': {L: over_seeds(...) or {'status': reason}}}]"""
+    by_label = {}
+    for r in runs:
+        by_label.setdefault(label(r), []).append(r)
+    groups = []
+    for name, members in by_label.items():
+        stats = {}
+        for L in lengths:
+            values = [value(m, L) for m in members]
+            numbers = [v for v in values if not isinstance(v, str)]
+            stats[L] = over_seeds(numbers) if numbers else {'status': values[0]}
+        groups.append({'label': name, 'members': members, 'stats': stats})
+    return groups
+
+
+def mean_std_text(mean, std, fmt='{:.1f}', unit=''):
+    """'mean ± std' as every table writes it (the mean alone for one seed): fmt is a format string or a
+    function of a number, unit follows the mean ('%')."""
+    f = fmt if callable(fmt) else fmt.format
+    return f(mean) + unit + ('' if std is None else ' ± ' + f(std))
+
+
 # -----------------------------------------------------------------------------
-# Welch's t-test, without scipy: the t distribution's tail through the regularized incomplete beta
+# Welch's t-test and the confidence interval of a difference, without scipy: the t distribution's tail
+# through the regularized incomplete beta
 
 
 def _betacf(a, b, x, max_iter=300, eps=3e-16, tiny=1e-300):
@@ -425,3 +459,65 @@ def welch_ttest(a, b):
     df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
     p = betainc(df / 2.0, 0.5, df / (df + t * t))
     return float(t), float(df), float(min(1.0, p))
+
+
+def t_quantile(p, df):
+    """The t distribution's quantile: t with P(T <= t) = p, for df > 0 degrees of freedom (fractional
+    df as Welch-Satterthwaite gives), by bisection on the tail that betainc computes."""
+    if not 0.0 < p < 1.0 or not df > 0:
+        raise ValueError(f"t_quantile needs 0 < p < 1 and df > 0, got p={p}, df={df}")
+    tail = 2 * min(p, 1 - p)  # two-sided tail beyond |t|
+    lo, hi = 0.0, 1.0
+    while betainc(df / 2.0, 0.5, df / (df + hi * hi)) > tail:
+        hi *= 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if betainc(df / 2.0, 0.5, df / (df + mid * mid)) > tail:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-12 * hi:
+            break
+    t = (lo + hi) / 2
+    return t if p >= 0.5 else -t
+
+
+def compare_means(a, b, level=0.95):
+    """a against b: the difference of their means with its confidence interval (Welch-Satterthwaite
+    degrees of freedom, the t quantile) and Welch's two-sided p. -> {'status': 'ok', n_a, n_b, mean_a,
+    mean_b, diff, ci: [lo, hi], level, t, df, p}, or {'status': why not} with fewer than two values a
+    side or no spread on either."""
+    a, b = [float(v) for v in a], [float(v) for v in b]
+    if len(a) < 2 or len(b) < 2:
+        return {'status': f"n/a: {min(len(a), len(b))} seed{'s' if min(len(a), len(b)) != 1 else ''}",
+                'n_a': len(a), 'n_b': len(b)}
+    try:
+        t, df, p = welch_ttest(a, b)
+    except ValueError:
+        return {'status': 'n/a: zero variance', 'n_a': len(a), 'n_b': len(b)}
+    diff = float(np.mean(a) - np.mean(b))
+    se = math.sqrt(np.var(a, ddof=1) / len(a) + np.var(b, ddof=1) / len(b))
+    half = t_quantile(0.5 + level / 2, df) * se
+    return {'status': 'ok', 'n_a': len(a), 'n_b': len(b), 'mean_a': float(np.mean(a)), 'mean_b': float(np.mean(b)),
+            'diff': diff, 'ci': [diff - half, diff + half], 'level': level, 't': t, 'df': df, 'p': p}
+
+
+def p_text(p):
+    """A p-value as the tables write it: two significant digits, '< 0.001' below that."""
+    return '< 0.001' if p < 0.001 else f"{p:.2g}"
+
+
+def difference_text(c, fmt='{:+.1f}'):
+    """A compare_means result in a table: '+15.0 [-2.1, +32.1]' (the difference and its confidence
+    interval), or its status."""
+    if c['status'] != 'ok':
+        return c['status']
+    f = fmt if callable(fmt) else fmt.format
+    return f"{f(c['diff'])} [{f(c['ci'][0])}, {f(c['ci'][1])}]"
+
+
+def significance(c, alpha=0.05):
+    """'higher', 'lower' (a at significance level alpha against b, by Welch's test) or None."""
+    if c['status'] != 'ok' or not c['p'] < alpha:
+        return None
+    return 'higher' if c['diff'] > 0 else 'lower'

@@ -23,7 +23,8 @@ Protocol (paper §4 "Datasets" and Appendix, "the last 256 tokens"; docs/evaluat
   config (learning rate, steps, batch, dropout, dataset, ...; settings that do not change what is
   trained, like out_dir or eval_interval, may differ). A group gets mean ± std (sample std, ddof=1) per
   length, and for every DAPE-X group whose plain X group (trained alike) is also present, Welch's
-  two-sided t-test p-value per length (Table 5).
+  two-sided t-test p-value per length (Table 5) and the difference of the mean perplexities with its
+  95% confidence interval (Welch-Satterthwaite degrees of freedom).
 - Models trained for unequal lengths are compared with a note (printed, and under 'notes' in
   results.json): labels that differ in training iterations or tokens seen, and checkpoints saved before
   their own max_iters. The Welch rows of such pairs are marked (!).
@@ -45,10 +46,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common import (InputError, auto_labels, autocast, checkpoints_and_config, find_checkpoints, find_data_dir,
-                    format_table, jsonable, load_run, load_val, mean_std, parse_list, pick_device, pick_dtype,
-                    resolve_data_dir, rope_scaling_options, setting_of, training_data_dirs, training_setting,
-                    welch_ttest)
+from common import (InputError, auto_labels, autocast, checkpoints_and_config, compare_means, difference_text,
+                    find_checkpoints, find_data_dir, format_table, group_over_seeds, jsonable, load_run, load_val,
+                    mean_std_text, parse_list, pick_device, pick_dtype, resolve_data_dir, rope_scaling_options,
+                    setting_of, training_data_dirs, training_setting)
 from configurator import ConfigError
 from positional import rope_scaling_label, set_rope_scaling
 from tokenizer import GPT2_VOCAB_SIZE, load_meta, tokenizer_of_vocab
@@ -287,30 +288,24 @@ DAPE_KEYS = ('dape', 'dape_variant', 'dape_width', 'dape_kernel')
 
 def group_runs(runs, eval_lengths):
     """Runs with the same label form a group: per length, mean and sample std of ppl (and bpb) over
-    the runs that have a value; a length none of them has keeps the first reason."""
-    groups = {}
-    for r in runs:
-        groups.setdefault(r['label'], []).append(r)
+    the runs that have a value (common.group_over_seeds); a length none of them has keeps the first
+    reason."""
+    def value(metric):
+        def of(run, L):
+            res = run['results'][L]
+            if res['status'] != 'ok':
+                return res['status']
+            return 'n/a: not byte data' if res[metric] is None else res[metric]
+        return of
+    label = lambda r: r['label']
+    ppl, bpb = (group_over_seeds(runs, label, eval_lengths, value(m)) for m in ('ppl', 'bpb'))
     out = []
-    for label, members in groups.items():
-        g = {'label': label, 'runs': [m['path'] for m in members], 'n': len(members),
-             'seeds': [m['seed'] for m in members], 'model_args': members[0]['model_args'],
-             'training': members[0].get('training'), 'data_dir': members[0]['data_dir'],
-             'block_size': members[0]['model_args']['block_size'], 'ppl': {}, 'bpb': {}}
-        for L in eval_lengths:
-            ok = [m['results'][L] for m in members if m['results'][L]['status'] == 'ok']
-            if not ok:
-                reason = members[0]['results'][L]['status']
-                g['ppl'][L] = g['bpb'][L] = {'status': reason}
-                continue
-            for metric in ('ppl', 'bpb'):
-                vals = [o[metric] for o in ok if o[metric] is not None]
-                if not vals:
-                    g[metric][L] = {'status': 'n/a: not byte data'}
-                    continue
-                m, s = mean_std(vals)
-                g[metric][L] = {'status': 'ok', 'mean': m, 'std': s, 'n': len(vals), 'values': vals}
-        out.append(g)
+    for gp, gb in zip(ppl, bpb):
+        members = gp['members']
+        out.append({'label': gp['label'], 'runs': [m['path'] for m in members], 'n': len(members),
+                    'seeds': [m['seed'] for m in members], 'model_args': members[0]['model_args'],
+                    'training': members[0].get('training'), 'data_dir': members[0]['data_dir'],
+                    'block_size': members[0]['model_args']['block_size'], 'ppl': gp['stats'], 'bpb': gb['stats']})
     return out
 
 
@@ -368,21 +363,20 @@ def comparison_pairs(groups, explicit=()):
 
 
 def compare(dape_group, base_group, eval_lengths):
-    """Per length: Welch's t-test of the per-seed perplexities, DAPE-X against X."""
+    """Per length: DAPE-X's mean perplexity minus X's with its 95% confidence interval, and Welch's
+    t-test of the per-seed perplexities (common.compare_means)."""
     out = {'label': dape_group['label'], 'baseline': base_group['label'], 'p_value': {}, 't': {}}
     for L in eval_lengths:
         a, b = dape_group['ppl'][L], base_group['ppl'][L]
         if a['status'] != 'ok' or b['status'] != 'ok':
             out['p_value'][L] = {'status': a['status'] if a['status'] != 'ok' else b['status']}
             continue
-        try:
-            t, df, p = welch_ttest(a['values'], b['values'])
-        except ValueError:
-            why = 'n/a: 1 seed' if min(a['n'], b['n']) < 2 else 'n/a: zero variance'
-            out['p_value'][L] = {'status': why}
+        c = compare_means(a['values'], b['values'])
+        if c['status'] != 'ok':
+            out['p_value'][L] = {'status': 'n/a: 1 seed' if min(a['n'], b['n']) < 2 else 'n/a: zero variance'}
             continue
-        out['p_value'][L] = {'status': 'ok', 'p': p, 't': t, 'df': df,
-                             'mean_diff': a['mean'] - b['mean']}
+        out['p_value'][L] = {'status': 'ok', 'p': c['p'], 't': c['t'], 'df': c['df'],
+                             'mean_diff': c['diff'], 'ci': c['ci']}
     return out
 
 
@@ -399,8 +393,7 @@ def fmt_value(v, digits):
 def cell(stat, digits=3):
     if stat['status'] != 'ok':
         return stat['status']
-    s = fmt_value(stat['mean'], digits)
-    return s if stat['std'] is None else f"{s} ± {fmt_value(stat['std'], digits)}"
+    return mean_std_text(stat['mean'], stat['std'], lambda v: fmt_value(v, digits))
 
 
 def group_table(groups, metric, eval_lengths, markdown=False):
@@ -434,6 +427,16 @@ def pvalue_table(comparisons, eval_lengths, markdown=False):
     return table
 
 
+def difference_table(comparisons, eval_lengths, markdown=False):
+    """DAPE-X's mean perplexity minus X's, per length, with its 95% confidence interval (Welch-
+    Satterthwaite): negative is DAPE lower."""
+    header = ['DAPE-X minus X'] + [str(L) for L in eval_lengths]
+    rows = [[f"{c['label']} - {c['baseline']}"]
+            + [difference_text(dict(c['p_value'][L], diff=c['p_value'][L].get('mean_diff')), '{:+.3f}')
+               for L in eval_lengths] for c in comparisons]
+    return format_table(header, rows, markdown)
+
+
 def protocol_text(protocol):
     return (f"Perplexity of the last {protocol['eval_tokens']} tokens of each window (whole window through "
             f"the model), {protocol['num_windows']} windows per length at the same seeded end positions "
@@ -458,7 +461,9 @@ def write_outputs(out, protocol, runs, groups, comparisons, eval_lengths, make_p
         md += ['## Bits per byte', '', group_table(groups, 'bpb', eval_lengths, markdown=True), '']
     if comparisons:
         md += ["## DAPE-X vs X: Welch's t-test (two-sided p, per-seed perplexities)", '',
-               pvalue_table(comparisons, eval_lengths, markdown=True), '']
+               pvalue_table(comparisons, eval_lengths, markdown=True), '',
+               "## DAPE-X minus X: difference of mean perplexities [95% confidence interval]", '',
+               difference_table(comparisons, eval_lengths, markdown=True), '']
     md += ['## Runs (perplexity)', '', run_table(runs, eval_lengths, markdown=True), '']
     with open(os.path.join(out, 'results.md'), 'w') as f:
         f.write('\n'.join(md))
@@ -744,6 +749,8 @@ def evaluate(cfg, ckpt_paths):
         print('\nruns\n' + run_table(runs, eval_lengths))
     if comparisons:
         print("\nDAPE-X vs X, Welch's t-test, two-sided p\n" + pvalue_table(comparisons, eval_lengths))
+        print("\nDAPE-X minus X, difference of mean perplexities [95% confidence interval]\n"
+              + difference_table(comparisons, eval_lengths))
     write_outputs(cfg['out_dir'], protocol, runs, groups, comparisons, eval_lengths, cfg['plot'], notes)
     if cfg['position_loss'] and cfg['plot'] and any(r.get('position_loss') for r in runs):
         plot_loss_by_position(runs, os.path.join(cfg['out_dir'], 'loss_by_position.png'))
