@@ -10,15 +10,22 @@ N ~ U{1..40} with randomized positions, then evaluate
 - out of distribution (OOD, the extrapolation score of Table 2): at lengths above 40 (the paper: every
   N in 41..500; the CPU default: 41..100, every 5th).
 Each score is the mean per-length accuracy, printed next to the random-guess baseline. A cell (task,
-pos, dape) is trained once per seed and learning rate; tables report the paper's statistic, the max
-over them, with the mean beside it. Single cells, a tasks x encodings grid shaped like Table 2, JSON
-(every run kept) and per-length plots over the whole length axis.
+pos, dape) is trained once per seed and learning rate; the Table 2-shaped tables report the paper's
+statistic, the max over them, with the mean beside it. The tables over seeds say how many seeds learned
+the task (ID accuracy at least learned_frac of the way from chance to 100%, which each task family's
+configs set) and give OOD figures over those seeds only: a seed that did not learn the task says nothing
+about extrapolation. DAPE-X against X is the difference of the means with its 95% confidence interval
+and Welch's p, over the seeds that learned the task and, labelled apart, over every seed. Single cells,
+a tasks x encodings grid shaped like Table 2, JSON (every run kept; save_runs: the figures the tables
+over seeds are made of, small enough to commit; tables_from: those tables again from such a file) and
+per-length plots over the whole length axis.
 
 $ python che_tasks.py --task=reverse_string --pos=kerple --dape=v1         # CPU smoke run
 $ python che_tasks.py --task=even_pairs --pos=alibi --seeds=0,1,2 --learning_rates=1e-4,3e-4,5e-4
 $ python che_tasks.py config/che_paper.py --task=reverse_string --pos=fire --dape=v1   # paper scale
 $ python che_tasks.py --grid=True                                           # Table 2 (smoke scale)
-$ python che_tasks.py config/retrieval_cpu.py --task=flip_flop --pos=fox --dape=v1   # a retrieval task
+$ python che_tasks.py config/flip_flop_cpu.py --grid=False --pos=fox --dape=v1          # a retrieval task
+$ python che_tasks.py config/che_cpu_reverse.py --tables_from=docs/results/che_reverse_string.json
 
 A retrieval task trains a causal model (a language model scored where the next token is determined:
 the bit after a flip-flop read, the value after a recalled MQAR key) at fixed positions 0..T-1, and a
@@ -37,7 +44,8 @@ import torch.nn.functional as F
 import che_data
 import retrieval_data
 from che_data import TABLE2_TASKS, make_batch, max_sequence_length
-from common import autocast as autocast_context, mean_std, pick_device, pick_dtype, welch_ttest
+from common import (autocast as autocast_context, compare_means, difference_text, mean_std, mean_std_text, p_text,
+                    pick_device, pick_dtype)
 from configurator import check_device, configure
 from model import GPT, GPTConfig
 from positional import ENCODINGS
@@ -252,7 +260,8 @@ def _run_path(cfg):
 # options that change how a run is driven or shown, not what it computes: a finished run is reused
 # (resume=True) whatever they are
 _NOT_RESULT_KEYS = {'out_dir', 'plot', 'resume', 'grid', 'grid_tasks', 'grid_pos', 'grid_dape', 'grid_dape_pos',
-                    'seeds', 'learning_rates', 'log_interval', 'compile', 'learned_frac'}
+                    'seeds', 'learning_rates', 'log_interval', 'compile', 'learned_frac', 'save_runs',
+                    'tables_from'}
 
 
 def _same_run(saved, cfg):
@@ -531,62 +540,128 @@ def learned_threshold(task, cfg):
 def _mean_std_text(values):
     if any(v is None for v in values):
         return 'n/s'
+    if not values:
+        return '-'
     m, s = mean_std(values)
-    return f"{m:.1f}" if s is None else f"{m:.1f} ± {s:.1f}"
+    return mean_std_text(m, s)
 
 
-def _welch_text(a, b):
-    """Two-sided p of Welch's t-test of a against b, or why there is none."""
+def _difference(a, b):
+    """compare_means of a against b as two table cells: the difference [95% CI] and Welch's p."""
     if any(v is None for v in a + b):
-        return 'n/s'
-    if len(a) < 2 or len(b) < 2:
-        return '-'
-    try:
-        return f"{welch_ttest(a, b)[2]:.2g}"
-    except ValueError:  # both sides without spread
-        return '-'
+        return 'n/s', 'n/s'
+    c = compare_means(a, b)
+    return difference_text(c), p_text(c['p']) if c['status'] == 'ok' else '-'
 
 
-def seeds_table(cells, tasks, columns, cfg):
-    """A row per (task, encoding, learning rate), over its seeds: how many learned the task (ID at
-    least learned_threshold), ID and OOD accuracy as mean ± sample std with the per-seed figures, and
-    for DAPE-X the two-sided p of Welch's t-test of its OOD scores against X's at the same rate: what a
-    claim about DAPE's extrapolation rests on (seeds that did not learn the task say nothing about it)."""
-    rates = parse_learning_rates(cfg)
-    variants = sorted({v for t in tasks for v in TASKS[t].variants})
-    lines = ['| Task | Encoding |' + (' lr |' if len(rates) > 1 else '') + ' Random | learned | ID | ID per seed | '
-             'OOD | OOD per seed |' + ''.join(f' OOD {v} |' for v in variants) + ' Welch p (OOD), DAPE-X vs X |']
-    lines.append('|' + ' --- |' * (lines[0].count('|') - 1))
+def is_learned(run, threshold):
+    return run['id_score'] is not None and run['id_score'] >= threshold
+
+
+def seed_rows(cells, tasks, columns, cfg):
+    """[(task, pos, dape, lr, runs in seed order, learned threshold)]: the rows of the tables over seeds."""
+    out = []
     for t in tasks:
-        threshold = learned_threshold(TASKS[t], cfg)
-        for lr in rates:
+        for lr in parse_learning_rates(cfg):
             for p, d in columns:
                 c = cells.get((t, p, d))
                 if c is None or 'runs' not in c:
                     continue
                 runs = sorted((r for r in c['runs'] if r['learning_rate'] == lr), key=lambda r: r['seed'])
-                ids, oods = [r['id_score'] for r in runs], [r['score'] for r in runs]
-                learned = sum(v is not None and v >= threshold for v in ids)
-                base = cells.get((t, p, 'none'))
-                if d == 'none' or base is None or 'runs' not in base:
-                    welch = '-'
-                else:
-                    welch = _welch_text(oods, [r['score'] for r in base['runs'] if r['learning_rate'] == lr])
-                per_seed = lambda values: ', '.join('n/s' if v is None else f"{v:.1f}" for v in values)
-                lines.append(f"| {t} | {encoding_label(p, d)} |" + (f" {lr:g} |" if len(rates) > 1 else '')
-                             + f" {100 * TASKS[t].random_baseline:.0f} | {learned} of {len(runs)} | "
-                             f"{_mean_std_text(ids)} | {per_seed(ids)} | {_mean_std_text(oods)} | {per_seed(oods)} |"
-                             + ''.join(f" {_mean_std_text([r['variants'][v]['score'] for r in runs])} |"
-                                       if v in TASKS[t].variants else ' - |' for v in variants)
-                             + f" {welch} |")
-    seeds = parse_seeds(cfg)
-    thresholds = sorted({learned_threshold(TASKS[t], cfg) for t in tasks})
-    lines += ['', f"Accuracy (%) over seeds {','.join(map(str, seeds))}: mean ± sample std, and each seed's "
-                  f"figure in seed order. learned: the seeds whose ID accuracy reached "
-                  f"{cfg['learned_frac']:g} of the way from chance to 100% "
-                  f"({', '.join(f'{x:.4g}%' for x in thresholds)}). Welch p: DAPE-X's OOD scores against X's "
-                  f"(two-sided; '-' with fewer than two seeds a side)."]
+                if runs:
+                    out.append((t, p, d, lr, runs, learned_threshold(TASKS[t], cfg)))
+    return out
+
+
+def seeds_table(cells, tasks, columns, cfg):
+    """The tables over seeds. First a row per (task, encoding, learning rate): how many seeds learned
+    the task (ID at least learned_threshold), ID accuracy over every seed and the extrapolation (OOD)
+    scores over the seeds that learned it, as mean ± sample std, with the per-seed figures (those of
+    seeds that did not learn it in brackets: they say nothing about extrapolation). Then a row per
+    DAPE-X against X at the same rate: the difference of their OOD means with its 95% confidence
+    interval and Welch's two-sided p, over the seeds that learned the task and, labelled apart, over
+    every seed; and the same for ID over every seed."""
+    several_rates = len(parse_learning_rates(cfg)) > 1
+    rows = seed_rows(cells, tasks, columns, cfg)
+    variants = sorted({v for t in tasks for v in TASKS[t].variants})
+    lr_head = ' lr |' if several_rates else ''
+    lines = ['| Task | Encoding |' + lr_head + ' Random | learned | ID | ID per seed | OOD (learned seeds) | '
+             'OOD per seed |' + ''.join(f' OOD {v} (learned seeds) |' for v in variants)]
+    lines.append('|' + ' --- |' * (lines[0].count('|') - 1))
+    fig = lambda v: 'n/s' if v is None else f"{v:.1f}"
+    by_key = {}
+    for t, p, d, lr, runs, threshold in rows:
+        by_key[(t, p, d, lr)] = (runs, threshold)
+        learned = [r for r in runs if is_learned(r, threshold)]
+        per_seed = ', '.join(fig(r['score']) if is_learned(r, threshold) else f"({fig(r['score'])})" for r in runs)
+        lines.append(f"| {t} | {encoding_label(p, d)} |" + (f" {lr:g} |" if several_rates else '')
+                     + f" {100 * TASKS[t].random_baseline:.0f} | {len(learned)} of {len(runs)} | "
+                     f"{_mean_std_text([r['id_score'] for r in runs])} | {', '.join(fig(r['id_score']) for r in runs)} | "
+                     f"{_mean_std_text([r['score'] for r in learned])} | {per_seed} |"
+                     + ''.join(f" {_mean_std_text([r['variants'][v]['score'] for r in learned])} |"
+                               if v in TASKS[t].variants else ' - |' for v in variants))
+    pairs = [(key, (key[0], key[1], 'none', key[3])) for key in by_key
+             if key[2] != 'none' and (key[0], key[1], 'none', key[3]) in by_key]
+    if pairs:
+        lines += ['', '| Task | DAPE-X vs X |' + lr_head + ' learned | OOD difference, learned seeds [95% CI] | p | '
+                  'OOD difference, all seeds [95% CI] | p | ID difference, all seeds [95% CI] | p |']
+        lines.append('|' + ' --- |' * (lines[-1].count('|') - 1))
+    for key, base_key in pairs:
+        (runs, threshold), (base, _) = by_key[key], by_key[base_key]
+        ood = lambda rs, only_learned: [r['score'] for r in rs if is_learned(r, threshold) or not only_learned]
+        learned_ood = _difference(ood(runs, True), ood(base, True))
+        all_ood = _difference(ood(runs, False), ood(base, False))
+        all_id = _difference([r['id_score'] for r in runs], [r['id_score'] for r in base])
+        t, p, d, lr = key
+        lines.append(f"| {t} | {encoding_label(p, d)} vs {encoding_label(p, 'none')} |"
+                     + (f" {lr:g} |" if several_rates else '')
+                     + f" {sum(is_learned(r, threshold) for r in runs)} of {len(runs)} vs "
+                     f"{sum(is_learned(r, threshold) for r in base)} of {len(base)} | "
+                     + ' | '.join(learned_ood + all_ood + all_id) + ' |')
+    seeds = sorted({r['seed'] for *_, runs, _ in rows for r in runs})
+    thresholds = [f"{learned_threshold(TASKS[t], cfg):.4g}% for {t}" for t in tasks]
+    lines += ['', f"Accuracy (%) over seeds {','.join(map(str, seeds))}: mean ± sample std; per seed in seed "
+                  f"order. learned: ID accuracy at least {cfg['learned_frac']:g} of the way from chance to 100% "
+                  f"({', '.join(thresholds)}). ID over every seed; OOD over the seeds that learned the task (in "
+                  f"brackets, those that did not). Differences: DAPE-X's mean minus X's, the 95% confidence "
+                  f"interval of the difference (Welch-Satterthwaite) and Welch's two-sided p; n/a: fewer than two "
+                  f"seeds a side. n/s: not servable at the test lengths."]
     return '\n'.join(lines)
+
+
+def compact_runs(cells):
+    """Each run's figures that the tables over seeds are made of, one small dict a run (what a results
+    file in the repository holds; the runs' own JSON in out_dir/runs/ has every per-length figure)."""
+    keep = ('task', 'pos', 'dape', 'seed', 'learning_rate', 'id_score', 'score', 'device')
+    out = []
+    for c in cells.values():
+        for r in c.get('runs', []):
+            run = {k: r[k] for k in keep if k in r}
+            run['variants'] = {v: x['score'] for v, x in r.get('variants', {}).items()}
+            if 'train' in r:
+                run['train_time_s'] = round(r['train']['time_s'], 1)
+            out.append(run)
+    return sorted(out, key=lambda r: (r['task'], r['pos'], r['dape'], r['learning_rate'], r['seed']))
+
+
+def cells_from_runs(runs):
+    """compact_runs' list back into cells, as seeds_table reads them."""
+    cells = {}
+    for r in runs:
+        cell = cells.setdefault((r['task'], r['pos'], r['dape']), {'task': r['task'], 'pos': r['pos'],
+                                                                    'dape': r['dape'], 'runs': []})
+        cell['runs'].append(dict(r, variants={v: {'score': x} for v, x in r.get('variants', {}).items()}))
+    return cells
+
+
+def tables_from_file(cfg):
+    """The tables over seeds (seeds_table) of the runs in the file cfg['tables_from'] (one that
+    save_runs wrote), for the config's tasks, encodings and learned rule: no training."""
+    with open(cfg['tables_from']) as f:
+        saved = json.load(f)
+    tasks = resolve_tasks(cfg['grid_tasks']) if cfg['grid'] else [cfg['task']]
+    columns = grid_columns(cfg) if cfg['grid'] else [(cfg['pos'], cfg['dape'])]
+    return seeds_table(cells_from_runs(saved['runs']), tasks, columns, cfg)
 
 
 def paper_table(tasks):
@@ -634,6 +709,8 @@ def run_grid(cfg, log=print):
         if out and cfg['plot']:
             plot_per_length({encoding_label(p, d): cells[(t, p, d)] for p, d in columns},
                             TASKS[t], os.path.join(out, f"{t}.png"), cfg)
+    if cfg['save_runs']:
+        _write_json(cfg['save_runs'], {'runs': compact_runs(cells)})
     log(f"\ngrid finished in {time.time() - t0:.0f}s\n")
     log(table)
     log('\nOver seeds:\n')
@@ -672,6 +749,7 @@ learning_rates = ''          # several, comma-separated (e.g. 1e-4,3e-4,5e-4); '
 seed = 0
 seeds = ''                   # several, comma-separated (e.g. 0,1,2); '' = seed
 learned_frac = 0.5           # a run learned its task when its ID accuracy is this far from chance to 100%
+                             # (each task family's configs set theirs: the rule its tables state)
 grad_clip = 1.0
 id_stride = 1                # in-distribution accuracy at lengths 1..train_max_len, every id_stride-th
 eval_min_len = 41
@@ -692,6 +770,8 @@ grid_tasks = 'table2'        # table2 (the paper's 14) | all (CHE's 15) | retrie
 grid_pos = 'alibi,kerple,fire'
 grid_dape = 'none,v1'
 grid_dape_pos = ''           # the encodings run with DAPE (grid_dape other than none); '' = every grid_pos
+save_runs = ''               # after a grid: every run's ID and OOD figures into this JSON file (small)
+tables_from = ''             # print the tables over seeds of the runs in this save_runs file; no training
 config_keys = [k for k in globals() if k not in _names_before_config and not k.startswith('_')]
 
 
@@ -754,6 +834,10 @@ def main(argv=None):
             raise
         print(f"che_tasks: {e}", file=sys.stderr)
         sys.exit(2)
+    if config['tables_from']:
+        table = tables_from_file(config)
+        print(table)
+        return table
     return run_grid(config) if config['grid'] else run_cell(config)
 
 

@@ -20,3 +20,4 @@ eval_stride = 10         # OOD at N = 41, 51, ..., 91; 64 samples per length
 log_interval = 500
 resume = True
 out_dir = 'results_che/cpu_reverse'
+learned_frac = 0.5       # CHE's rule for 'learned' in every table: ID accuracy this share of the way from chance to 100%

@@ -26,3 +26,4 @@ eval_draws = 4
 log_interval = 500
 resume = True
 out_dir = 'results_che/cpu_table'
+learned_frac = 0.5       # CHE's rule for 'learned' in every table: ID accuracy this share of the way from chance to 100%

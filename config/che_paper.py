@@ -26,3 +26,4 @@ eval_draws = 8           # 8 batches of 64 per length, each with its own randomi
 log_interval = 1000
 resume = True
 out_dir = 'out-che-paper'
+learned_frac = 0.5       # CHE's rule for 'learned' in every table: ID accuracy this share of the way from chance to 100%

@@ -13,3 +13,4 @@ eval_samples = 16
 eval_batch_size = 16
 log_interval = 10
 out_dir = 'out-che-smoke'
+learned_frac = 0.5       # CHE's rule for 'learned' in every table: ID accuracy this share of the way from chance to 100%

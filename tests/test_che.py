@@ -654,13 +654,29 @@ def test_tiny_grid_two_seeds_end_to_end_and_resume(tmp_path, capsys):
     assert again[('missing_duplicate', 'alibi', 'v1')]['runs'] == cell['runs']
 
 
+def che_task_configs():
+    """The configs che_tasks.py reads: config/che_*.py for CHE, config/<retrieval task>_*.py for the
+    retrieval tasks -> {family: [paths]}."""
+    import retrieval_data
+    return {'che': sorted(glob.glob(os.path.join(ROOT, 'config', 'che_*.py'))),
+            'retrieval': sorted(f for t in retrieval_data.TASKS for f in glob.glob(os.path.join(ROOT, 'config', f'{t}_*.py')))}
+
+
 def test_che_config_files_are_valid():
-    """Every config/che_*.py is read by che_tasks.py: its keys are che_tasks' keys and its grid builds."""
-    files = glob.glob(os.path.join(ROOT, 'config', 'che_*.py'))
-    assert len(files) >= 5
-    for path in files:
-        cfg = configure({k: getattr(C, k) for k in C.config_keys}, [path])
-        C.check_config(cfg)
+    """Every CHE and retrieval config is read by che_tasks.py: its keys are che_tasks' keys and its grid
+    builds; and each family's configs set one rule for 'learned' (learned_frac), the same in all."""
+    configs = che_task_configs()
+    assert len(configs['che']) >= 5 and len(configs['retrieval']) >= 2
+    for family, files in configs.items():
+        rules = set()
+        for path in files:
+            cfg = configure({k: getattr(C, k) for k in C.config_keys}, [path])
+            C.check_config(cfg)
+            found = {}
+            exec(open(path).read(), {}, found)
+            assert 'learned_frac' in found, f"{path} does not set the family's learned rule"
+            rules.add(found['learned_frac'])
+        assert len(rules) == 1, (family, rules)
 
 
 def _cell(task, pos, dape, scores, lr=1e-3):
@@ -677,8 +693,10 @@ def _row(table, start):
 
 
 def test_seeds_table_counts_learned_seeds_and_pairs_dape_with_its_baseline():
-    """Per (task, encoding): seeds that reached the learned threshold on ID (not OOD), mean ± sample std
-    of ID and OOD, the per-seed figures in seed order, and Welch's p of DAPE-X's OOD scores against X's."""
+    """Per (task, encoding): seeds that reached the learned threshold on ID (not OOD), ID mean ± sample
+    std over every seed, OOD over the seeds that learned (the others' figures in brackets), the per-seed
+    figures in seed order; then DAPE-X against X: the difference of the means with its 95% confidence
+    interval and Welch's p, over the learned seeds and, apart, over every seed."""
     import common
     cells = {('reverse_string', 'alibi', 'none'): _cell('reverse_string', 'alibi', 'none',
                                                          [(2, 90.0, 65.0), (0, 80.0, 60.0), (1, 70.0, 55.0)]),
@@ -690,20 +708,27 @@ def test_seeds_table_counts_learned_seeds_and_pairs_dape_with_its_baseline():
     cfg = _cfg(seeds='0,1,2', learning_rate=1e-3)
     table = C.seeds_table(cells, ['reverse_string'], columns, cfg)
     header = [c.strip() for c in table.splitlines()[0].strip('|').split('|')]
-    assert header == ['Task', 'Encoding', 'Random', 'learned', 'ID', 'ID per seed', 'OOD', 'OOD per seed',
-                      'Welch p (OOD), DAPE-X vs X']
+    assert header == ['Task', 'Encoding', 'Random', 'learned', 'ID', 'ID per seed', 'OOD (learned seeds)',
+                      'OOD per seed']
     # chance 50, learned_frac 0.5: learned from 75% ID on; OOD plays no part
     assert C.learned_threshold(C.TASKS['reverse_string'], cfg) == 75.0
     assert C.learned_threshold(C.TASKS['bucket_sort'], cfg) == 60.0
     alibi = _row(table, '| reverse_string | ALiBi |')
     assert alibi == ['reverse_string', 'ALiBi', '50', '2 of 3', '80.0 ± 10.0', '80.0, 70.0, 90.0',
-                     '60.0 ± 5.0', '60.0, 55.0, 65.0', '-']
+                     '62.5 ± 3.5', '60.0, (55.0), 65.0']
     dape = _row(table, '| reverse_string | DAPE-ALiBi |')
     assert dape[3] == '2 of 3' and dape[5] == '75.0, 74.9, 100.0'  # 74.9 is below the threshold
-    p = common.welch_ttest([70.0, 72.0, 80.0], [60.0, 55.0, 65.0])[2]
-    assert dape[8] == f"{p:.2g}" != f"{common.welch_ttest([70.0, 72.0, 80.0], [10.0, 11.0, 30.0])[2]:.2g}"
+    assert dape[6:] == ['75.0 ± 7.1', '70.0, (72.0), 80.0']
+    pair = _row(table, '| reverse_string | DAPE-ALiBi vs ALiBi |')
+    learned = common.compare_means([70.0, 80.0], [60.0, 65.0])
+    every = common.compare_means([70.0, 72.0, 80.0], [60.0, 55.0, 65.0])
+    assert pair[2] == '2 of 3 vs 2 of 3'
+    assert pair[3:5] == [common.difference_text(learned), common.p_text(learned['p'])]
+    assert pair[5:7] == [common.difference_text(every), common.p_text(every['p'])]
+    assert pair[4] != pair[6]  # the seeds that did not learn change the test: they are not in the first
     assert _row(table, '| reverse_string | Kerple |')[3] == '3 of 3'
-    assert '75%' in table.splitlines()[-1]
+    assert '75% for reverse_string' in table.splitlines()[-1]
+    assert not any(line.startswith('| reverse_string | DAPE-Kerple') for line in table.splitlines())
     assert _row(C.seeds_table(cells, ['reverse_string'], columns, dict(cfg, learned_frac=0.1)),
                 '| reverse_string | ALiBi |')[3] == '3 of 3'  # 55% is enough
 
@@ -712,15 +737,51 @@ def test_seeds_table_rows_per_learning_rate_and_unservable_runs():
     cells = {('even_pairs', 'alibi', 'none'): _cell('even_pairs', 'alibi', 'none', [(0, 90.0, 60.0), (1, 92.0, 62.0)]),
              ('even_pairs', 'alibi', 'v1'): _cell('even_pairs', 'alibi', 'v1', [(0, 90.0, 70.0), (1, 92.0, 71.0)])}
     for key, (lr_runs) in [(('even_pairs', 'alibi', 'none'), [(0, 50.0, 50.0), (1, 52.0, 51.0)]),
-                           (('even_pairs', 'alibi', 'v1'), [(0, 60.0, None), (1, 61.0, 52.0)])]:
+                           (('even_pairs', 'alibi', 'v1'), [(0, 80.0, None), (1, 81.0, 52.0)])]:
         cells[key]['runs'] += _cell(*key, lr_runs, lr=1e-4)['runs']
     cfg = _cfg(seeds='0,1', learning_rates='1e-4,1e-3')
     table = C.seeds_table(cells, ['even_pairs'], [('alibi', 'none'), ('alibi', 'v1')], cfg)
     assert _row(table, '| even_pairs | ALiBi | 0.001 |')[4:7] == ['2 of 2', '91.0 ± 1.4', '90.0, 92.0']
-    assert _row(table, '| even_pairs | ALiBi | 0.0001 |')[4:7] == ['0 of 2', '51.0 ± 1.4', '50.0, 52.0']
+    assert _row(table, '| even_pairs | ALiBi | 0.0001 |')[4:9] == ['0 of 2', '51.0 ± 1.4', '50.0, 52.0', '-',
+                                                                  '(50.0), (51.0)']
     import common
-    assert _row(table, '| even_pairs | DAPE-ALiBi | 0.001 |')[-1] == f"{common.welch_ttest([70.0, 71.0], [60.0, 62.0])[2]:.2g}"
+    c = common.compare_means([70.0, 71.0], [60.0, 62.0])
+    assert _row(table, '| even_pairs | DAPE-ALiBi vs ALiBi | 0.001 |')[4:6] == [common.difference_text(c),
+                                                                               common.p_text(c['p'])]
     low = _row(table, '| even_pairs | DAPE-ALiBi | 0.0001 |')
-    assert low[7:10] == ['n/s', 'n/s, 52.0', 'n/s']  # a run not servable at the test lengths: no mean, no test
+    assert low[7:9] == ['n/s', 'n/s, 52.0']  # a run not servable at the test lengths: no mean, no test
+    assert _row(table, '| even_pairs | DAPE-ALiBi vs ALiBi | 0.0001 |')[4:8] == ['n/s'] * 4
+    cells[('even_pairs', 'alibi', 'v1')]['runs'][2]['score'] = 53.0  # servable now; ALiBi learned in no seed
+    table = C.seeds_table(cells, ['even_pairs'], [('alibi', 'none'), ('alibi', 'v1')], cfg)
+    assert _row(table, '| even_pairs | DAPE-ALiBi vs ALiBi | 0.0001 |')[3:6] == ['2 of 2 vs 0 of 2', 'n/a: 0 seeds', '-']
     with pytest.raises(ValueError, match='learned_frac must be in'):
         C.check_config(_cfg(learned_frac=1.5))
+
+
+def test_saved_runs_give_the_same_tables(tmp_path):
+    """save_runs writes the figures the tables over seeds are made of; tables_from makes the same tables
+    from that file alone, as the published pages are made."""
+    out, saved = tmp_path / 'grid', tmp_path / 'runs.json'
+    args = ['--grid=True', '--grid_tasks=bucket_sort', '--grid_pos=alibi', '--grid_dape=none,v1', '--n_layer=1',
+            '--n_head=2', '--n_embd=16', '--dape_width=8', '--batch_size=4', '--eval_samples=2',
+            '--eval_batch_size=2', '--eval_min_len=41', '--eval_max_len=41', '--id_stride=20', '--device=cpu',
+            '--max_iters=2', '--seeds=0,1', '--eval_draws=1', '--plot=False', f'--out_dir={out}',
+            f'--save_runs={saved}']
+    cells, _ = C.main(args)
+    runs = json.loads(saved.read_text())['runs']
+    assert len(runs) == 4 and set(runs[0]) >= {'task', 'pos', 'dape', 'seed', 'learning_rate', 'id_score', 'score'}
+    cfg = configure({k: getattr(C, k) for k in C.config_keys}, args)
+    assert C.main(args + [f'--tables_from={saved}']) == C.seeds_table(cells, ['bucket_sort'], C.grid_columns(cfg), cfg)
+
+
+@pytest.mark.parametrize('task', ['bucket_sort', 'flip_flop', 'mqar'])
+def test_training_draws_every_length_up_to_the_longest(task, monkeypatch):
+    """N ~ U{min_len..train_max_len}, both ends included: the longest training length is in distribution
+    only if training draws it."""
+    import contextlib
+    drawn, frame = [], C.frame
+    monkeypatch.setattr(C, 'frame', lambda t, B, N, rng, variant=None: drawn.append(N) or frame(t, B, N, rng, variant))
+    t = C.TASKS[task]
+    cfg = _cfg(task=task, max_iters=60, batch_size=1, train_max_len=t.min_len + 2, log_interval=60)
+    C.train(C.build_model(t, cfg), t, cfg, 'cpu', contextlib.nullcontext(), log=lambda *a: None)
+    assert set(drawn) == {t.min_len, t.min_len + 1, t.min_len + 2}

@@ -1,7 +1,7 @@
 # Multi-query associative recall at CPU scale (retrieval_data.py): causal models trained on up to 8
 # key-value pairs (32 tokens), tested on 9 to 57 pairs (up to 228 tokens, 7x the longest training
 # sequence). Seeds 0, 1, 2.
-# $ OMP_NUM_THREADS=1 python che_tasks.py config/che_mqar_cpu.py --grid_pos=fox --grid_dape_pos=fox
+# $ OMP_NUM_THREADS=1 python che_tasks.py config/mqar_cpu.py --grid_pos=fox --grid_dape_pos=fox
 task = 'mqar'
 grid = True
 grid_tasks = 'mqar'
@@ -27,3 +27,4 @@ eval_draws = 1
 log_interval = 250
 out_dir = 'results_che/mqar'
 resume = True
+learned_frac = 0.9       # retrieval's rule for 'learned' in every table: ID accuracy this share of the way from chance to 100%

@@ -1,7 +1,7 @@
 # Flip-flop language modelling at CPU scale (retrieval_data.py): causal models trained on sequences of up
 # to 32 instruction-bit pairs (64 tokens) of FFL(0.8), tested on 33 to 225 pairs (up to 450 tokens, 7x)
 # of FFL(0.8) and of its sparse (p_ignore 0.98) and dense (0.1) distributions. Seeds 0, 1, 2.
-# $ OMP_NUM_THREADS=1 python che_tasks.py config/che_flip_flop_cpu.py --grid_pos=fox --grid_dape_pos=fox
+# $ OMP_NUM_THREADS=1 python che_tasks.py config/flip_flop_cpu.py --grid_pos=fox --grid_dape_pos=fox
 task = 'flip_flop'
 grid = True
 grid_tasks = 'flip_flop'
@@ -27,3 +27,4 @@ eval_draws = 1
 log_interval = 250
 out_dir = 'results_che/flip_flop'
 resume = True
+learned_frac = 0.9       # retrieval's rule for 'learned' in every table: ID accuracy this share of the way from chance to 100%
