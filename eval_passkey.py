@@ -31,7 +31,11 @@ Protocol:
 Outputs (`out_dir`, default results/passkey/): passkey.json (everything, every sample's key and
 answer), passkey.md (the tables) and passkey_<model>.png (a heat map per row: accuracy, and the
 log-likelihood per token, over length x depth); with several seeds of a setting, the tables over seeds
-in passkey.md and `groups` in passkey.json.
+in passkey.md and `groups` in passkey.json, and for every DAPE-X beside its X (labels 'dape-kerple' and
+'kerple') the difference of the mean exact match per length with its 95% confidence interval and
+Welch's p, over the seeds that learned and over every seed (`comparisons`).
+
+    python eval_passkey.py --tables_from=docs/results/passkey_cpu.json     # a results page's tables again
 """
 
 import dataclasses
@@ -43,9 +47,10 @@ import time
 
 import numpy as np
 
-from common import (InputError, auto_labels, autocast, checkpoints_and_config, find_checkpoints, format_table,
-                    jsonable, load_run, load_val, mean_std, parse_list, pick_device, pick_dtype, resolve_data_dir,
-                    rope_scaling_options, training_setting)
+from common import (InputError, auto_labels, autocast, checkpoints_and_config, compare_means, difference_text,
+                    find_checkpoints, format_table, group_over_seeds, jsonable, load_run, load_val, mean_std_text,
+                    p_text, parse_list, pick_device, pick_dtype, resolve_data_dir, rope_scaling_options,
+                    training_setting)
 from configurator import ConfigError
 from passkey import DIGITS, chance_logp_per_digit, passkey_prompts, score_prompts, summarize
 from positional import rope_scaling_label, set_rope_scaling
@@ -72,6 +77,7 @@ device = 'auto'          # auto: cuda if available, else cpu
 dtype = 'auto'           # auto: bfloat16 autocast on a GPU that supports it, else float32
 out_dir = 'results/passkey'
 plot = True
+tables_from = ''         # a passkey.json: print its tables over seeds (Markdown, as the results pages show them)
 config_keys = [k for k in globals() if k not in _names_before_config and not k.startswith('_')]
 
 
@@ -154,10 +160,12 @@ def group_table(groups, lens, metric, markdown=False):
     def cell(c):
         if isinstance(c, str):
             return c
+        if metric not in c:
+            return 'n/a: not kept'
         m, s = c[metric]['mean'], c[metric]['std']
         if metric == 'accuracy':
-            return f"{100 * m:.0f}%" + ('' if s is None else f" ± {100 * s:.0f}")
-        return f"{m:.3f}" + ('' if s is None else f" ± {s:.3f}")
+            return mean_std_text(100 * m, None if s is None else 100 * s, '{:.0f}', '%')
+        return mean_std_text(m, s, '{:.3f}')
     header = ['model', 'seeds', 'learned'] + [str(L) for L in lens]
     out = [[g['label'], ','.join(str(s) for s in g['seeds']),
             'n/a' if g['learned'] is None else f"{g['learned']} of {g['n']}"] + [cell(g['per_length'][L]) for L in lens]
@@ -305,40 +313,128 @@ def evaluate(cfg, ckpt_paths):
                 'yarn_beta': cfg['yarn_beta'], 'chance_logp_per_digit': chance_logp_per_digit(),
                 'learned_exact': cfg['learned_exact']}
     groups = group_rows(rows, lens, cfg['learned_exact'])
-    write_outputs(cfg, protocol, rows, lens, groups)
-    return {'protocol': protocol, 'rows': rows, 'groups': groups}
+    comparisons = compare_groups(groups, lens)
+    write_outputs(cfg, protocol, rows, lens, groups, comparisons)
+    return {'protocol': protocol, 'rows': rows, 'groups': groups, 'comparisons': comparisons}
+
+
+def learned_at_training_length(row, learned_exact):
+    """Whether a run retrieves at its own training length (exact match of at least learned_exact);
+    None where that length was not evaluated."""
+    c = row['per_length'].get(row['block_size'])
+    return None if c is None or isinstance(c, str) else c['accuracy'] >= learned_exact
 
 
 def group_rows(rows, lens, learned_exact):
-    """Rows that differ only by their seed (the same 'setting') form a group: per length, the mean and
-    sample std over its seeds of the exact match and the log-likelihood per token (each seed's figure
-    the mean over depths), and `learned`, how many seeds reach an exact match of learned_exact at their
-    training length (None where that length was not evaluated)."""
-    by_setting = {}
-    for r in rows:
-        by_setting.setdefault(r['setting'], []).append(r)
+    """Rows that differ only by their seed (the same 'setting') form a group (common.group_over_seeds):
+    per length, the mean and sample std over its seeds of the exact match and the log-likelihood per
+    token (each seed's figure the mean over depths), and `learned`, how many seeds reach an exact match
+    of learned_exact at their training length (None where that length was not evaluated)."""
+    def value(metric):
+        def of(row, L):
+            c = row['per_length'][L]
+            return c if isinstance(c, str) else c.get(metric, 'n/a: not kept')
+        return of
+    setting = lambda r: r['setting']
+    by_metric = {m: group_over_seeds(rows, setting, lens, value(m)) for m in ('accuracy', 'logp_mean')}
     groups = []
-    for label, members in by_setting.items():
-        g = {'label': label, 'n': len(members), 'seeds': [m['seed'] for m in members],
+    for i, acc in enumerate(by_metric['accuracy']):
+        members = acc['members']
+        g = {'label': acc['label'], 'n': len(members), 'seeds': [m['seed'] for m in members],
              'rows': [m['label'] for m in members], 'block_size': members[0]['block_size'], 'per_length': {}}
         for L in lens:
-            ok = [m['per_length'][L] for m in members if not isinstance(m['per_length'][L], str)]
-            if not ok:  # no seed could be evaluated here: the first one's reason
-                g['per_length'][L] = members[0]['per_length'][L]
+            stats = {m: by_metric[m][i]['stats'][L] for m in by_metric}
+            if stats['accuracy']['status'] != 'ok':  # no seed could be evaluated here: the first one's reason
+                g['per_length'][L] = stats['accuracy']['status']
                 continue
-            g['per_length'][L] = {'n': len(ok)}
-            for metric in ('accuracy', 'logp_mean'):
-                values = [c[metric] for c in ok]
-                m, s = mean_std(values)
-                g['per_length'][L][metric] = {'mean': m, 'std': s, 'values': values}
-        at_train = [m['per_length'].get(m['block_size']) for m in members]
-        g['learned'] = (None if any(c is None or isinstance(c, str) for c in at_train)
-                        else sum(c['accuracy'] >= learned_exact for c in at_train))
+            g['per_length'][L] = {'n': stats['accuracy']['n']}
+            for metric, st in stats.items():
+                if st['status'] == 'ok':
+                    g['per_length'][L][metric] = {'mean': st['mean'], 'std': st['std'], 'values': st['values']}
+        flags = [learned_at_training_length(m, learned_exact) for m in members]
+        g['learned_seeds'] = flags
+        g['learned'] = None if any(f is None for f in flags) else sum(flags)
         groups.append(g)
     return groups
 
 
-def write_outputs(cfg, protocol, rows, lens, groups=()):
+def comparison_pairs(groups):
+    """(DAPE-X group, X group) for every DAPE group whose label without its DAPE prefix is another
+    group's: 'dape-kerple' against 'kerple' (the labels say the settings match but for DAPE)."""
+    by_label = {g['label']: g for g in groups}
+    return [(g, by_label[g['label'].split('-', 1)[1]]) for g in groups
+            if g['label'].startswith(('dape-', 'dapev2-')) and g['label'].split('-', 1)[1] in by_label]
+
+
+def compare_groups(groups, lens):
+    """DAPE-X against X per length: the difference of their mean exact match with its 95% confidence
+    interval and Welch's p (common.compare_means), over the seeds that learned retrieval at the training
+    length and, apart, over every seed."""
+    out = []
+    for a, b in comparison_pairs(groups):
+        c = {'label': a['label'], 'baseline': b['label'], 'learned': [a['learned'], a['n'], b['learned'], b['n']],
+             'learned_seeds': {}, 'all_seeds': {}}
+        for L in lens:
+            ca, cb = a['per_length'][L], b['per_length'][L]
+            if isinstance(ca, str) or isinstance(cb, str) or ca['n'] < a['n'] or cb['n'] < b['n']:
+                c['learned_seeds'][L] = c['all_seeds'][L] = {'status': 'n/a: not evaluated'}
+                continue
+            va, vb = ca['accuracy']['values'], cb['accuracy']['values']
+            c['all_seeds'][L] = compare_means(va, vb)
+            c['learned_seeds'][L] = compare_means([v for v, f in zip(va, a['learned_seeds']) if f],
+                                                  [v for v, f in zip(vb, b['learned_seeds']) if f])
+        out.append(c)
+    return out
+
+
+def comparison_table(comparisons, lens, markdown=False):
+    """A row per DAPE-X against X and per set of seeds: the difference of the mean exact match in
+    percentage points [95% confidence interval], and Welch's p."""
+    def cell(c):
+        if c['status'] != 'ok':
+            return c['status']
+        pct = dict(c, diff=100 * c['diff'], ci=[100 * x for x in c['ci']])
+        return f"{difference_text(pct, '{:+.0f}')}, p {p_text(c['p'])}"
+    header = ['DAPE-X minus X', 'seeds', 'learned'] + [str(L) for L in lens]
+    rows = []
+    for c in comparisons:
+        ka, na, kb, nb = c['learned']
+        for which, name in (('learned_seeds', 'learned'), ('all_seeds', 'all')):
+            rows.append([f"{c['label']} - {c['baseline']}", name, f"{ka} of {na} vs {kb} of {nb}"]
+                        + [cell(c[which][L]) for L in lens])
+    return format_table(header, rows, markdown)
+
+
+def seed_tables(protocol, rows, lens, markdown=True):
+    """The tables over seeds of a passkey.json's rows, as the results pages show them: exact match per
+    group (mean ± sample std, learned), DAPE-X against X, and every run."""
+    groups = group_rows(rows, lens, protocol['learned_exact'])
+    comparisons = compare_groups(groups, lens)
+    seeds = sorted({g for r in rows for g in [r['seed']] if g is not None})
+    text = [f"Exact match, mean over depths: mean ± sample std over seeds {','.join(map(str, seeds))}; "
+            f"learned: seeds with an exact match of at least {100 * protocol['learned_exact']:.0f}% at their "
+            f"training length.", '', group_table(groups, lens, 'accuracy', markdown)]
+    if comparisons:
+        text += ['', "DAPE-X minus X, exact match in percentage points: the difference of the means [95% "
+                     "confidence interval, Welch-Satterthwaite] and Welch's two-sided p, over the seeds that "
+                     "learned retrieval at the training length (learned) and over every seed (all).", '',
+                 comparison_table(comparisons, lens, markdown)]
+    text += ['', 'Every run: exact match, mean over depths.', '', summary_table(rows, lens, 'accuracy', markdown)]
+    return '\n'.join(text)
+
+
+def tables_from_file(path):
+    """seed_tables of a passkey.json (as this script writes it, or the runs' figures alone: protocol
+    with lengths and learned_exact, and rows with label, setting, seed, block_size and per-length
+    accuracy), for a results page; nothing is evaluated."""
+    with open(path) as f:
+        saved = json.load(f)
+    lens = saved['protocol']['lengths']
+    rows = [dict(r, per_length={int(L): c for L, c in r['per_length'].items()}) for r in saved['rows']]
+    return seed_tables(saved['protocol'], rows, lens)
+
+
+def write_outputs(cfg, protocol, rows, lens, groups=(), comparisons=()):
     out = cfg['out_dir']
     os.makedirs(out, exist_ok=True)
     chance = (f"Chance: exact match ~0; log-likelihood per token ln(1/10) = {chance_logp_per_digit():.3f} for a "
@@ -353,6 +449,9 @@ def write_outputs(cfg, protocol, rows, lens, groups=()):
                  f"{group_table(groups, lens, 'accuracy')}",
                  f"over seeds: log-likelihood per answer token (nats), mean ± sample std\n"
                  f"{group_table(groups, lens, 'logp_mean')}"]
+    if comparisons:
+        text += [f"DAPE-X minus X, exact match in percentage points [95% confidence interval], Welch's p\n"
+                 f"{comparison_table(comparisons, lens)}"]
     text += [f"{r['label']}: exact match (log-likelihood per token), per depth\n{model_table(r, lens)}" for r in rows]
     print('\n' + '\n\n'.join(text) + '\n\n' + chance)
 
@@ -366,12 +465,19 @@ def write_outputs(cfg, protocol, rows, lens, groups=()):
                f"Mean ± sample std over seeds of each seed's exact match (mean over depths); {learned}.", '',
                group_table(groups, lens, 'accuracy', True), '',
                '## Over seeds: log-likelihood per answer token (nats)', '', group_table(groups, lens, 'logp_mean', True), '']
+    if comparisons:
+        md += ["## DAPE-X minus X: exact match", '',
+               "The difference of the mean exact match in percentage points [95% confidence interval, "
+               "Welch-Satterthwaite] and Welch's two-sided p, over the seeds that learned retrieval at the "
+               "training length (learned) and over every seed (all).", '',
+               comparison_table(comparisons, lens, True), '']
     for r in rows:
         md += [f"## {r['label']}: exact match (log-likelihood per token) per depth", '', model_table(r, lens, True), '']
     with open(os.path.join(out, 'passkey.md'), 'w') as f:
         f.write('\n'.join(md))
     with open(os.path.join(out, 'passkey.json'), 'w') as f:
-        json.dump(jsonable({'protocol': protocol, 'rows': rows, 'groups': list(groups)}), f, indent=1, allow_nan=False)
+        json.dump(jsonable({'protocol': protocol, 'rows': rows, 'groups': list(groups),
+                            'comparisons': list(comparisons)}), f, indent=1, allow_nan=False)
     written = ['passkey.json', 'passkey.md']
     if cfg['plot']:
         for r in rows:
@@ -383,6 +489,12 @@ def write_outputs(cfg, protocol, rows, lens, groups=()):
 def main(argv=None):
     paths, cfg = checkpoints_and_config(sys.argv[1:] if argv is None else list(argv),
                                         {k: globals()[k] for k in config_keys}, __doc__)
+    if cfg['tables_from']:
+        if not os.path.isfile(cfg['tables_from']):
+            raise InputError(f"--tables_from: no file {cfg['tables_from']}")
+        table = tables_from_file(cfg['tables_from'])
+        print(table)
+        return table
     return evaluate(cfg, paths)
 
 

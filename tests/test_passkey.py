@@ -483,3 +483,49 @@ def test_eval_passkey_groups_seeds_by_hand(tmp_path, monkeypatch):
     assert '| kerple[learning_rate=0.001] | 1 | 0 of 1 | 0% | 0% |' in md
     saved = json.load(open(os.path.join(root, 'res', 'passkey.json')))
     assert saved['groups'][0]['learned'] == 2 and saved['protocol']['learned_exact'] == 0.5
+
+
+def _row(label, setting, seed, accs, block=128, lens=(128, 256)):
+    return {'label': label, 'setting': setting, 'seed': seed, 'block_size': block,
+            'per_length': {L: {'accuracy': a} for L, a in zip(lens, accs)}}
+
+
+def test_a_seed_exactly_at_the_learned_threshold_counts_as_learned():
+    """learned means an exact match of at least learned_exact at the training length: a seed exactly at
+    it counts, one just below it does not."""
+    rows = [_row('k_s1', 'kerple', 1, [0.5, 0.1]), _row('k_s2', 'kerple', 2, [0.48, 0.0]),
+            _row('k_s3', 'kerple', 3, [1.0, 0.3])]
+    g, = EP.group_rows(rows, [128, 256], 0.5)
+    assert g['learned'] == 2 and g['learned_seeds'] == [True, False, True]
+
+
+def test_dape_against_its_baseline_over_learned_and_all_seeds():
+    """DAPE-X minus X per length: the difference of the mean exact match with its 95% confidence interval
+    and Welch's p (common.compare_means), over the seeds that learned retrieval and, apart, over all."""
+    import common
+    rows = [_row('d_s1', 'dape-kerple', 1, [1.0, 0.9]), _row('d_s2', 'dape-kerple', 2, [1.0, 0.7]),
+            _row('d_s3', 'dape-kerple', 3, [0.0, 0.0]),
+            _row('k_s1', 'kerple', 1, [1.0, 0.2]), _row('k_s2', 'kerple', 2, [0.9, 0.4]),
+            _row('k_s3', 'kerple', 3, [0.8, 0.1]), _row('r_s1', 'rope', 1, [1.0, 0.0])]
+    groups = EP.group_rows(rows, [128, 256], 0.5)
+    c, = EP.compare_groups(groups, [128, 256])
+    assert (c['label'], c['baseline'], c['learned']) == ('dape-kerple', 'kerple', [2, 3, 3, 3])
+    assert c['learned_seeds'][256] == common.compare_means([0.9, 0.7], [0.2, 0.4, 0.1])
+    assert c['all_seeds'][256] == common.compare_means([0.9, 0.7, 0.0], [0.2, 0.4, 0.1])
+    table = EP.comparison_table([c], [128, 256], markdown=True)
+    learned = common.compare_means([90, 70], [20, 40, 10])
+    line = next(x for x in table.splitlines() if x.startswith('| dape-kerple - kerple | learned | 2 of 3 vs 3 of 3 |'))
+    assert line.endswith(f"| {common.difference_text(learned, '{:+.0f}')}, p {common.p_text(learned['p'])} |")
+
+
+def test_tables_from_a_results_file(tmp_path):
+    """--tables_from prints the tables over seeds of a passkey.json without evaluating anything, from the
+    runs' figures alone (what a results page keeps)."""
+    rows = [_row('k_s1', 'kerple', 1, [1.0, 0.5]), _row('k_s2', 'kerple', 2, [1.0, 0.3])]
+    path = tmp_path / 'passkey.json'
+    path.write_text(json.dumps({'protocol': {'lengths': [128, 256], 'learned_exact': 0.5},
+                                'rows': [dict(r, per_length={str(L): c for L, c in r['per_length'].items()})
+                                         for r in rows]}))
+    text = EP.main([f'--tables_from={path}'])
+    assert '| kerple | 1,2 | 2 of 2 | 100% ± 0 | 40% ± 14 |' in text
+    assert '| k_s2 | 100% | 30% |' in text
