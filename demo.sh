@@ -5,10 +5,10 @@
 #                           length (Kerple, DAPE-Kerple V1 and DAPE-Kerple V2 1x3 with three seeds each; ALiBi,
 #                           RoPE, FoX and DAPE-FoX with one), evaluate them up to 16x that length (and RoPE with
 #                           PI, NTK-aware and YaRN), train a RoPE passkey model and test its retrieval up to 16x
-#                           its length, and put the tables and plots into README.md
+#                           its length, and write the tables and plots into README.md and docs/demo_results.md
 #   bash demo.sh --seeds=5  the same with five seeds of the three Kerple models (any N >= 1; p-values need 2)
 #   bash demo.sh --smoke    the same pipeline in a minute: tiny models, a few steps, this repository's own
-#                           text as data; writes out-demo-smoke/ and results/demo-smoke/ and leaves README alone
+#                           text as data; writes out-demo-smoke/ and results/demo-smoke/ and leaves README and docs alone
 #
 # Two training runs go at a time, one thread each (DEMO_JOBS=N for N at a time; each run gets the cores
 # divided by N): small models on a CPU train faster side by side than one after another on all cores.
@@ -127,7 +127,7 @@ $PY eval_passkey.py $DIRS --rope_scaling=none,pi,ntk,yarn --out_dir=$RESULTS/pas
 
 MINUTES=$(( ($(date +%s) - T0 + 59) / 60 ))
 if [ $SMOKE = 0 ]; then
-    step "writing the results into README.md"
+    step "writing the results into README.md and docs/demo_results.md"
     $PY demo_report.py $RESULTS --minutes=$MINUTES --models=$((n + 1))
 fi
 step "done in $MINUTES min: table $RESULTS/results.md, data $RESULTS/results.json and results.csv, plot

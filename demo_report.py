@@ -1,14 +1,17 @@
 """
-Write the CPU demo's results into README.md (between the demo-results markers) and its plot into docs/.
-demo.sh runs it after eval_extrapolate.py:
+Write the CPU demo's results: the README section between the demo-results markers (the setting, the
+perplexity table and the plot) and docs/demo_results.md (the rest of the same run). demo.sh runs it after
+eval_extrapolate.py:
 
     python demo_report.py results/demo --minutes=52 --models=8
 
-The section is made from results.json alone, so it always shows what the last demo measured: the
-machine, the date, the training steps and seeds, the perplexity and bits-per-byte tables (mean ± sample
-std over seeds), the Welch p-values of DAPE-X against X, the plot, a few observations computed from the
-numbers (not written by hand), and the paper's Table 5 beside them. With --minutes and --models, the
-README's first command line also says how many models the demo trained and how long it took.
+Both are made from results.json alone, so they always show what the last demo measured: the machine,
+the date, the training steps and the seeds it was given, the perplexity and bits-per-byte tables (mean ±
+sample std over seeds), DAPE-X against X (the difference of the mean perplexities with its 95%
+confidence interval and Welch's p), the plot, a few observations computed from the numbers (not written
+by hand; significance with its direction), and the paper's Table 5 beside them. --minutes and --models
+go into docs/demo_results.md as this run's time on this machine; the README's first command line, which
+gives the range over the machines measured, is left alone.
 """
 
 import datetime
@@ -16,7 +19,6 @@ import json
 import math
 import os
 import platform
-import re
 import shutil
 import sys
 
@@ -62,7 +64,8 @@ def table(results, key, fmt):
 
 
 def pvalue_table(results):
-    """Welch's two-sided p per length, DAPE-X against X, where both have at least two seeds."""
+    """Welch's two-sided p per length, DAPE-X against X, for every pair with a test at any length (a
+    single seed on either side leaves a length without one)."""
     lengths = results["lengths"]
     rows = ["| DAPE-X vs X | " + " | ".join(str(L) for L in lengths) + " |", "| --- " * (len(lengths) + 1) + "|"]
     for c in results["comparisons"]:
@@ -72,6 +75,35 @@ def pvalue_table(results):
         rows.append(f"| {c['label']} vs {c['baseline']} | "
                     + " | ".join(f"{p['p']:.3g}" if p["status"] == "ok" else p["status"] for p in ps) + " |")
     return "\n".join(rows)
+
+
+def difference_table(results):
+    """DAPE-X's mean perplexity minus X's per length with its 95% confidence interval, for the pairs of
+    pvalue_table (negative: DAPE lower)."""
+    lengths = results["lengths"]
+    rows = ["| DAPE-X minus X | " + " | ".join(str(L) for L in lengths) + " |", "| --- " * (len(lengths) + 1) + "|"]
+    for c in results["comparisons"]:
+        ps = [c["p_value"][str(L)] for L in lengths]
+        if not any(p["status"] == "ok" for p in ps):
+            continue
+        cells = [p["status"] if p["status"] != "ok" else
+                 f"{p['mean_diff']:+.3f}" + (f" [{p['ci'][0]:+.3f}, {p['ci'][1]:+.3f}]" if "ci" in p else "")
+                 for p in ps]
+        rows.append(f"| {c['label']} - {c['baseline']} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def significance_text(comparison, alpha=0.05):
+    """Welch's significant lengths with their direction: 'DAPE lower, p < 0.05, at k of n lengths;
+    higher at m' (n: the lengths with a test). A difference in DAPE's disfavour is counted apart, never
+    with the lengths where it is lower."""
+    ps = [p for p in comparison["p_value"].values() if p["status"] == "ok"]
+    if not ps:
+        return None
+    lower = sum(p["p"] < alpha and p["mean_diff"] < 0 for p in ps)
+    higher = sum(p["p"] < alpha and p["mean_diff"] > 0 for p in ps)
+    return (f"DAPE lower, Welch p < {alpha:g}, at {lower} of {len(ps)} lengths; "
+            f"DAPE higher, p < {alpha:g}, at {higher} of {len(ps)}")
 
 
 def ppl_by_label(results):
@@ -96,9 +128,9 @@ def observations(results):
             wins = sum(d < b for d, b in pairs)
             note = f"{dape_label} below {base} at {wins} of {len(pairs)} lengths"
             c = next((c for c in results["comparisons"] if c["label"] == dape_label and c["baseline"] == base), None)
-            ps = [] if c is None else [p["p"] for p in c["p_value"].values() if p["status"] == "ok"]
-            if ps:
-                note += f" (mean over seeds); Welch p < 0.05 at {sum(p < 0.05 for p in ps)} of {len(ps)}"
+            signed = None if c is None else significance_text(c)
+            if signed:
+                note += f" (mean over seeds); {signed}"
             notes.append(note)
     return "\n".join(f"- {n}" for n in notes)
 
@@ -143,7 +175,7 @@ def rope_section(results_dir):
     if os.path.exists(os.path.join(results_dir, "rope_scaling", "loss_by_position.png")):
         shutil.copyfile(os.path.join(results_dir, "rope_scaling", "loss_by_position.png"),
                         os.path.join(ROOT, "docs", "demo_loss_by_position.png"))
-        figure = ("\n\n![loss by position in the longest windows](docs/demo_loss_by_position.png)\n\n"
+        figure = ("\n\n![loss by position in the longest windows](demo_loss_by_position.png)\n\n"
                   "Mean loss at each position of the longest windows (log-spaced buckets; dotted: the training "
                   "length): where past the training length each model starts to lose the thread.")
     return f"""
@@ -193,19 +225,11 @@ with `--passkey_frac` of the training rows replaced by passkey samples (filler f
 retrieval past {block} bytes tests extrapolation alone, here of RoPE read plainly and with PI, NTK-aware and
 YaRN (s = L / {block}). At this budget Kerple and DAPE-Kerple learn retrieval only in some runs, even at
 their training length (0% in most seeds, 60% in one); a setting in which they learn it, and what was tried,
-are in [docs/passkey_results.md](docs/passkey_results.md).
+are in [docs/passkey_results.md](passkey_results.md).
 
 {md_sections(path, ('Exact match', 'Log-likelihood'))}
 
 {chr(10).join('- ' + n for n in lines)}"""
-
-
-def first_line(minutes, models, groups):
-    """The README's demo command line: what `bash demo.sh` trains and how long it took, as measured."""
-    seeds = max(g["n"] for g in groups)
-    what = f"{models} CPU models" + (f" ({seeds} seeds of the Kerple trio)" if seeds > 1 else "")
-    return (f"bash demo.sh    # installs, prepares the embedded books, trains {what}, evaluates them to 16x "
-            f"their length ({minutes} min, measured)")
 
 
 def main(results_dir, minutes=None, models=None):
@@ -219,21 +243,32 @@ def main(results_dir, minutes=None, models=None):
     seeds_text = (f"{seeds} seeds of {', '.join(several)}, one of the others; tables give the mean ± sample "
                   f"std over seeds" if several else "one seed each")
     command = "bash demo.sh" + ("" if seeds == 3 else f" --seeds={seeds}")
+    tested = [c for c in results["comparisons"] if any(p["status"] == "ok" for p in c["p_value"].values())]
+    sizes = sorted({(g["n"]) for c in tested for g in results["groups"] if g["label"] in (c["label"], c["baseline"])})
     pvalues = (f"""
 
-DAPE-X against X, Welch's t-test on the per-seed perplexities (two-sided p; {seeds} seeds against {seeds}):
+DAPE-X against X, Welch's t-test on the per-seed perplexities (two-sided p; {' or '.join(map(str, sizes))} seeds a
+side):
 
-{pvalue_table(results)}""" if several else "")
-    scope = ("with three seeds of the pairs that carry the claim, which is enough for a p-value but not for "
-             "a small one unless the gap is several standard deviations" if several else
+{pvalue_table(results)}
+
+DAPE-X's mean perplexity minus X's, with the 95% confidence interval of the difference (Welch-Satterthwaite;
+negative: DAPE lower):
+
+{difference_table(results)}""" if tested else "")
+    scope = (f"with {seeds} seeds of the pairs that carry the claim, which is enough for a p-value but not for "
+             f"a small one unless the gap is several standard deviations" if several else
              "with one seed, so no p-value can be computed (`bash demo.sh` runs three)")
     os.makedirs(os.path.join(ROOT, "docs"), exist_ok=True)
     shutil.copyfile(os.path.join(results_dir, "ppl_vs_length.png"), os.path.join(ROOT, "docs", "demo_ppl_vs_length.png"))
+    today, where = datetime.date.today().isoformat(), machine()
+    took = ("" if minutes is None or models is None else
+            f" It trained {models} models and took {minutes} min from start to end on that machine.")
 
     section = f"""{START}
 ## Results: the CPU demo
 
-Measured by `{command}` on {datetime.date.today().isoformat()}: {machine()}.
+Measured by `{command}` on {today}: {where}.
 Byte-level models on `gutenberg_char` (validation: two held-out books), {args['n_layer']} layers,
 {args['n_head']} heads, {args['n_embd']} wide, trained at length {args['block_size']} for
 {', '.join(map(str, iters))} steps, {seeds_text}. Evaluation: the paper's protocol, the last
@@ -243,16 +278,28 @@ Perplexity per byte:
 
 {table(results, 'ppl', '{:.3f}')}
 
-Bits per byte:
-
-{table(results, 'bpb', '{:.4f}')}{pvalues}
-
 ![perplexity against evaluation length, one colour per model](docs/demo_ppl_vs_length.png)
 
 Perplexity on a log axis against the evaluation length (log2 axis, with its multiple of the training
 length); when some curves rise past twice the best perplexity, the right panel zooms on the others.
 
-What these numbers show (computed by `demo_report.py` from the table above):
+Bits per byte, DAPE-X against X (the difference with its confidence interval and Welch's p), what the
+numbers show, the paper's Table 5 beside them, RoPE context extension and passkey retrieval from the same
+run: [docs/demo_results.md](docs/demo_results.md).
+{END}"""
+
+    page = f"""# The CPU demo: the rest of its results
+
+Written by `demo_report.py` from the same run as the README's [Results: the CPU
+demo](../README.md#results-the-cpu-demo), which gives the setting, the perplexity table and the plot:
+`{command}` on {today}, {where}.{took}
+
+Bits per byte:
+
+{table(results, 'bpb', '{:.4f}')}{pvalues}
+
+What these numbers show (computed by `demo_report.py` from the README's perplexity table and the
+comparisons above):
 
 {observations(results)}
 
@@ -266,7 +313,7 @@ and the size of the gaps are not comparable. It does test the
 qualitative claims (RoPE degrading past its training length, ALiBi flat, DAPE-X at or below X), with
 every model seeing the same scored bytes; where the list above disagrees with the paper, that is the
 result of this run, not tuned away.{rope_section(results_dir)}{passkey_section(results_dir)}
-{END}"""
+"""
 
     readme_path = os.path.join(ROOT, "README.md")
     with open(readme_path) as f:
@@ -275,16 +322,13 @@ result of this run, not tuned away.{rope_section(results_dir)}{passkey_section(r
         sys.exit(f"README.md has no {START} ... {END} section to replace")
     head, rest = readme.split(START, 1)
     tail = rest.split(END, 1)[1]
-    if minutes is not None and models is not None:
-        head, found = re.subn(r"^bash demo\.sh    #.*$", first_line(minutes, models, results["groups"]), head,
-                              count=1, flags=re.M)
-        if not found:
-            sys.exit("README.md has no 'bash demo.sh    # ...' line to rewrite")
-    tmp = readme_path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(head + section + tail)
-    os.replace(tmp, readme_path)
-    print(f"README.md: results section rewritten from {results_dir}/results.json; plot in docs/demo_ppl_vs_length.png")
+    for path, text in ((readme_path, head + section + tail), (os.path.join(ROOT, "docs", "demo_results.md"), page)):
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    print(f"README.md (its results section) and docs/demo_results.md rewritten from {results_dir}/results.json; "
+          f"plot in docs/demo_ppl_vs_length.png")
 
 
 if __name__ == "__main__":

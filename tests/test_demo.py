@@ -56,28 +56,30 @@ def test_demo_smoke_runs_end_to_end(tmp_path):
     log = (tmp_path / "out-demo-smoke" / "logs" / "dape_kerple_s2.log").read_text()
     assert "iter 4:" in log.split("resumed from")[0] and log.count("resumed from") == 1  # appended, not replaced
 
-    # the README section is rewritten from results.json, and only that section
+    # the README section and docs/demo_results.md are rewritten from results.json, and nothing else
     readme = tmp_path / "README.md"
     before = readme.read_text()
     subprocess.run([sys.executable, "demo_report.py", str(res), "--minutes=7", "--models=11"], cwd=tmp_path,
                    check=True, capture_output=True)
     after = readme.read_text()
-    # outside the section, only the first command line changes: what the demo trained and how long it took
-    head_before, head_after = (t.split("<!-- demo-results:start -->")[0].splitlines() for t in (before, after))
-    changed = [(a, b) for a, b in zip(head_before, head_after) if a != b]
-    assert len(head_before) == len(head_after) and len(changed) == 1, changed
-    assert changed[0][1] == ("bash demo.sh    # installs, prepares the embedded books, trains 11 CPU models (2 seeds of "
-                             "the Kerple trio), evaluates them to 16x their length (7 min, measured)")
+    # outside the section nothing changes: the first command line gives the range over machines measured
+    assert before.split("<!-- demo-results:start -->")[0] == after.split("<!-- demo-results:start -->")[0]
+    assert before.split("<!-- demo-results:end -->")[1] == after.split("<!-- demo-results:end -->")[1]
     section = after.split("<!-- demo-results:start -->")[1]
     assert "Measured by `bash demo.sh --seeds=2`" in section
     kerple = next(g for g in results["groups"] if g["label"] == "kerple")["ppl"]["16"]
     assert f"| kerple | 2 | {kerple['mean']:.3f} ± {kerple['std']:.3f} |" in section
-    assert "| fox | 1 |" in section and "| dape-fox | 1 |" in section and "dape-fox vs fox" not in section
+    assert "| fox | 1 |" in section and "| dape-fox | 1 |" in section
+    assert "docs/demo_ppl_vs_length.png" in section and "docs/demo_results.md" in section
+    page = (tmp_path / "docs" / "demo_results.md").read_text()
     p = results["comparisons"][0]["p_value"]["16"]
-    assert f"| dape-kerple vs kerple | {p['p']:.3g} |" in section and "Welch p < 0.05 at" in section
-    assert "below kerple at" in after and "docs/demo_ppl_vs_length.png" in after
+    assert f"| dape-kerple vs kerple | {p['p']:.3g} |" in page and "dape-fox vs fox" not in page
+    assert f"| dape-kerple - kerple | {p['mean_diff']:+.3f} [{p['ci'][0]:+.3f}, {p['ci'][1]:+.3f}] |" in page
+    assert "DAPE lower, Welch p < 0.05, at" in page and "below kerple at" in page
+    assert "with 2 seeds of the pairs" in page and "three" not in page
+    assert "It trained 11 models and took 7 min" in page
     assert (tmp_path / "docs" / "demo_ppl_vs_length.png").exists()
-    assert "RoPE context extension at evaluation" in after and "Passkey retrieval" in after
+    assert "RoPE context extension at evaluation" in page and "Passkey retrieval" in page
     assert (tmp_path / "docs" / "demo_loss_by_position.png").exists()
 
 
@@ -90,3 +92,59 @@ def test_demo_and_its_report_refuse_bad_arguments(tmp_path):
     run = subprocess.run([sys.executable, os.path.join(ROOT, "demo_report.py"), str(tmp_path), "--minute=3"],
                          capture_output=True, text=True)
     assert run.returncode == 1 and run.stderr.startswith("usage: python demo_report.py"), run.stderr
+
+
+def _comparison(pvalues):
+    """eval_extrapolate's comparison of dape-kerple with kerple from {length: (p, DAPE's mean minus X's)
+    or a status}."""
+    return {"label": "dape-kerple", "baseline": "kerple",
+            "p_value": {str(L): {"status": v} if isinstance(v, str) else
+                        {"status": "ok", "p": v[0], "mean_diff": v[1], "ci": [v[1] - 1, v[1] + 1]}
+                        for L, v in pvalues.items()}}
+
+
+def test_significance_is_counted_with_its_direction():
+    """A length where DAPE is significantly worse is never counted as support: lower and higher apart."""
+    import demo_report
+    c = _comparison({64: (0.01, -0.1), 128: (0.01, +0.2), 256: (0.3, -0.05), 512: "n/a: 1 seed"})
+    assert demo_report.significance_text(c) == ("DAPE lower, Welch p < 0.05, at 1 of 3 lengths; "
+                                                "DAPE higher, p < 0.05, at 1 of 3")
+    assert demo_report.significance_text(_comparison({64: "n/a: 1 seed"})) is None
+
+
+def test_pvalue_table_keeps_a_pair_with_a_test_at_any_length():
+    """A pair with a p-value at some lengths and none at others (a length a seed could not serve) keeps
+    its row; a pair without a test at any length has none."""
+    import demo_report
+    results = {"lengths": [64, 128], "comparisons": [
+        _comparison({64: (0.02, -0.1), 128: "too long"}),
+        dict(_comparison({64: "n/a: 1 seed", 128: "n/a: 1 seed"}), label="dape-fox", baseline="fox")]}
+    table = demo_report.pvalue_table(results)
+    assert "| dape-kerple vs kerple | 0.02 | too long |" in table and "dape-fox" not in table
+    assert "| dape-kerple - kerple | -0.100 [-1.100, +0.900] | too long |" in demo_report.difference_table(results)
+
+
+def test_report_states_the_seeds_it_was_given(tmp_path, monkeypatch):
+    """The number of seeds in the text is the number in results.json (here 5), never a fixed one."""
+    import demo_report
+    lengths = [64, 128]
+    stat = lambda m, n: {"status": "ok", "mean": m, "std": 0.1 if n > 1 else None, "n": n}
+    groups = [{"label": label, "n": n, "seeds": list(range(1, n + 1)),
+               "ppl": {str(L): stat(6.0 - i, n) for L in lengths}, "bpb": {str(L): stat(2.5, n) for L in lengths}}
+              for i, (label, n) in enumerate([("kerple", 5), ("dape-kerple", 5), ("alibi", 1)])]
+    results = {"lengths": lengths, "protocol": {"eval_tokens": 8, "num_windows": 2},
+               "runs": [{"model_args": {"n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 64}, "iter_num": 10}],
+               "groups": groups, "comparisons": [_comparison({64: (0.01, -1.0), 128: (0.2, -1.0)})]}
+    res = tmp_path / "res"
+    res.mkdir()
+    (res / "results.json").write_text(json.dumps(results))
+    (res / "ppl_vs_length.png").write_bytes(b"png")
+    (tmp_path / "README.md").write_text("intro\n<!-- demo-results:start -->\nold\n<!-- demo-results:end -->\nend\n")
+    monkeypatch.setattr(demo_report, "ROOT", str(tmp_path))
+    demo_report.main(str(res))
+    readme, page = (tmp_path / "README.md").read_text(), (tmp_path / "docs" / "demo_results.md").read_text()
+    assert "Measured by `bash demo.sh --seeds=5`" in readme and "5 seeds of kerple, dape-kerple" in readme
+    assert readme.startswith("intro\n") and readme.endswith("\nend\n")
+    assert "(two-sided p; 5 seeds a\nside)" in page and "with 5 seeds of the pairs" in page
+    assert "three" not in page + readme
+    assert "DAPE lower, Welch p < 0.05, at 1 of 2 lengths" in page
