@@ -2,15 +2,15 @@
 # positions off), where ALiBi, Kerple and RoPE all learn it in 5000 steps of the che_cpu_table model.
 # With randomized positions from [0, 2048), ALiBi's fixed slopes, made for distances counted in tokens,
 # keep every head too local to learn it (the search and the results: docs/che_results.md). With and
-# without DAPE V1, 3 seeds, ID and OOD. Resumable, and splittable by DAPE:
+# without DAPE V1, 10 seeds, ID and OOD. Resumable, and splittable by DAPE:
 # $ OMP_NUM_THREADS=1 python che_tasks.py config/che_cpu_reverse.py --grid_dape=none &
 # $ OMP_NUM_THREADS=1 python che_tasks.py config/che_cpu_reverse.py --grid_dape=v1 &
-# $ wait; python che_tasks.py config/che_cpu_reverse.py    # all runs reused: the combined table.md
+# $ wait; python che_tasks.py config/che_cpu_reverse.py --save_runs=docs/results/che_reverse_string.json  # runs reused
 grid = True
 grid_tasks = 'reverse_string'
 grid_pos = 'alibi,kerple,rope'
 grid_dape = 'none,v1'
-seeds = '0,1,2'
+seeds = '0,1,2,3,4,5,6,7,8,9'
 learning_rates = '1e-3'
 rand_pos = False         # positions 0..T-1 in training
 rand_pos_eval = False    # and in evaluation
