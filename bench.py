@@ -40,7 +40,7 @@ Sections
           bidirectional, at the head shape of every config in config/: shared memory per block against the
           architecture's limit, registers and spills per thread, tensor-core instructions. Writes
           --fit_out (tests/test_dape_triton.py checks it against the kernels and recompiles a sample) and
-          prints the README's table. No GPU needed; about 5 s per combination on one CPU core.
+          prints the table of docs/gpu.md. No GPU needed; about 5 s per combination on one CPU core.
 - timing  the paper's Table 1: a fresh model per method (kerple, dape-kerple, dapev2-kerple, ...) at
           each of --timing_lengths, forward + backward, and each method's total as a ratio to the first
           method's. Default size: the paper's 350M (24 x 16 x 1024), batch 1.
@@ -63,6 +63,7 @@ default, one per core).
 
 import copy
 import ctypes
+import functools
 import gc
 import json
 import math
@@ -79,10 +80,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import dape_torch
 from configurator import config_defaults, configure
 from dape import DAPEV1, DAPEV2
 from model import GPT, GPTConfig
-from positional import ENCODINGS
+from positional import ENCODINGS, as_map
 
 # -----------------------------------------------------------------------------
 # config (nanoGPT style: these globals are the defaults, overridden by config files and --key=value)
@@ -287,11 +289,10 @@ def table(title, rows, cols):
 # plain attention baselines: the same model with its attention replaced
 
 
-def plain_attend_block(self, q, k, v, pe, pos_q, pos_k, qi, ki, state=None, sdpa=False):
+def plain_attend_block(self, q, k, v, pe, future, dropout_p, scores, sdpa=False):
     """nanoGPT's attention with the encoding's bias added: what a PE without DAPE must not be slower
-    than. (Additive encodings only; no DAPE.)"""
-    bias = pe.bias(pos_q, pos_k, q, k, state) if pe.has_bias else None
-    future = ki[None, :] > qi[:, None]
+    than. (Additive encodings only; no DAPE; causal.)"""
+    bias = as_map(scores(logits=False)[1])
     if sdpa:
         mask = torch.zeros(future.shape, device=q.device) if bias is None else bias
         mask = mask.masked_fill(future, float("-inf")).to(q.dtype)[None]  # 4-D, as model.py gives it
@@ -311,11 +312,13 @@ def make_plain(model, sdpa):
     return model
 
 
-def module_call(mod, A, bias, future, mode):
-    """What the module computes in each mode: causal -> softmax(masked logits), full -> logits."""
+def module_call(mod, A, bias, future, mode, fast=False):
+    """What the module computes in each mode: causal -> softmax(masked logits), full -> logits; fast:
+    through dape_torch.py rather than dape.py's plain form."""
+    residual_f = functools.partial(dape_torch.residual_f, mod) if fast else None
     if mode == "full":  # as in a bidirectional encoder: no mask, nothing zeroed
-        return mod(A, bias, None)
-    return mod.probs(A, bias, future)
+        return mod(A, bias, None, residual_f=residual_f)
+    return mod.probs(A, bias, future, residual_f)
 
 
 # -----------------------------------------------------------------------------
@@ -389,8 +392,7 @@ def module_section(cfg, sz):
                 with torch.no_grad():  # move the weights off their init so that f matters
                     for prm in ours.parameters():
                         prm.add_(0.3 * torch.randn_like(prm))
-                naive = copy.deepcopy(ours)
-                naive.fast = False  # dape.py's plain form, as Appendix J writes it
+                naive = copy.deepcopy(ours)  # dape.py's plain form, as Appendix J writes it
                 A0, B0 = torch.randn(Bn, H, T, T), torch.randn(H, T, T)
                 future = torch.ones(T, T, dtype=torch.bool).triu(1)
                 fut = future if mode == "causal" else None
@@ -399,7 +401,7 @@ def module_section(cfg, sz):
                 def run(mod, A0=A0, B0=B0, G=G, fut=fut, mode=mode, dtype=torch.float32):  # (bound now: memory is measured later)
                     A, B_ = A0.to(dtype, copy=True).requires_grad_(), B0.to(dtype, copy=True).requires_grad_()
                     mod.zero_grad(set_to_none=True)
-                    outp = module_call(mod, A, B_, fut, mode)
+                    outp = module_call(mod, A, B_, fut, mode, fast=mod is ours)
                     outp.backward(G.to(dtype))
                     return [outp.detach(), A.grad, B_.grad] + [p.grad for p in mod.parameters()]
                 # equal outputs and gradients, all of them, checked against the naive module in float64:
@@ -563,18 +565,19 @@ def gpu_verdicts(res, cfg):
     'met', 'not met' or 'not measured' with the figure or the reason: a V1 / V2 training step of
     DAPE-<encoding> against the encoding's at T=512, batch 32; the peak memory of that V1 step; a step at
     T=1024, batch 32 within 80 GB; the evaluation forward at --gpu_eval_length."""
-    import dape_triton
+    import dape_paths
     targets = [("DAPE V1 training step / without DAPE, T=512 batch 32", "v1", 1.15),
                ("DAPE V2 training step / without DAPE, T=512 batch 32", "v2", 1.3),
                ("DAPE V1 peak memory of a step / without DAPE, T=512 batch 32", "mem", 1.2),
-               ("DAPE V1 training step at T=1024, batch 32, within 80 GB", "fit", 80 * 1024),
+               # 80 GB as the card is sold, 80e9 bytes: an 80 GB H100 reports about 79.2 GiB to CUDA
+               ("DAPE V1 training step at T=1024, batch 32, within 80 GB", "fit", 80e9 / 2 ** 20),
                (f"DAPE V1 evaluation at {cfg['gpu_eval_length']} tokens / without DAPE", "eval", 1.5)]
     pos = cfg["gpu_pos"].split(",")[0]
     if res["device"] != "cuda":
         return [dict(target=t, verdict="not measured", why="no CUDA GPU") for t, _, _ in targets]
-    failed = {k: v for k, v in dape_triton._CHECKS.items() if v is not None}
+    failed = {k: v for k, v in dape_paths.VERDICTS.items() if k[0] == "triton" and v is not None}
     if failed:
-        why = f"the fused kernel failed its self-check here ({next(iter(failed.values()))})"
+        why = f"the fused kernel failed its check against dape.py here ({next(iter(failed.values()))})"
         return [dict(target=t, verdict="not measured", why=why) for t, _, _ in targets]
     eager = [r for r in res["rows"] if not r.get("compiled")]
     step = {(r["dape"], r["T"], r["batch"]): r for r in eager if r.get("pos") == pos}
@@ -599,9 +602,9 @@ def gpu_verdicts(res, cfg):
         if value is None:
             out.append(dict(target=target, verdict="not measured",
                             why="not in this run's --gpu_shapes / --gpu_dape" if what != "fit" or gpu_mb >= limit
-                            else f"this GPU has {gpu_mb / 1024:.0f} GB"))
+                            else f"this GPU has {gpu_mb * 2 ** 20 / 1e9:.0f} GB"))
         else:
-            shown = (("out of memory" if value == float("inf") else f"{value / 1024:.1f} GB") if what == "fit"
+            shown = (("out of memory" if value == float("inf") else f"{value * 2 ** 20 / 1e9:.1f} GB") if what == "fit"
                      else f"{value:.2f}")
             out.append(dict(target=target, verdict="met" if value <= limit else "not met", value=value, shown=shown))
     return out
@@ -759,7 +762,7 @@ def write_fit(path, digest, shapes, entries):
 
 
 def fit_markdown(entries, shapes, dtypes="16-bit"):
-    """The README's table for the 16-bit dtypes (float16 and bfloat16) or for float32: a row per config
+    """docs/gpu.md's table for the 16-bit dtypes (float16 and bfloat16) or for float32: a row per config
     head shape and V1 / V2, a column per architecture; each cell the largest figures over the dtypes, a
     bias map, FoX's terms or none, causal or not: shared memory per block forward / backward, then ptxas'
     spill stores per thread forward / backward; 'refused' where dape_triton refuses the combination

@@ -23,18 +23,17 @@ never sees -inf: the caller masks after f, or asks forward(..., mask_future=True
 directly (what attention uses). V2 zeroes the future before each convolution, so that a row's result is
 the same whatever number of future columns the map happens to have (prefix consistency).
 
-The definition is `f` below, written as in the paper's Appendix J. The model runs the same function
-faster: dape_torch.py computes it without the plain form's intermediate maps (on the CPU tile by tile,
-elsewhere with the channel mixing as batched products), and dape_triton.py fuses it into the attention
-kernel on CUDA. Both are tested against this file (tests/test_dape.py, tests/test_dape_triton.py).
+This file is the definition, and it is what runs: edit f (or a variant) here and the model computes
+the edit. dape_torch.py (the same function without the plain form's intermediate maps: CPU tiles, whole
+maps elsewhere) and dape_triton.py (fused into the attention kernel on CUDA) are faster ways to compute it
+from weights(); dape_paths.py compares each with this file at the first call of each kind and, where one
+differs (an edited f, say), says so once and runs the plain form instead.
 """
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from einops import rearrange
-
-import dape_torch
 
 VARIANTS = ("concat_residual", "concat", "add_residual", "bias_only")
 SLOPE = 0.01  # LeakyReLU's negative slope (PyTorch's default, as in Appendix J)
@@ -50,10 +49,6 @@ class _DAPE(nn.Module):
     kernel = 1  # taps along the key axis (V2's k)
     slope = SLOPE
     zero_future = False  # V2: zero the future before each layer
-    fast = True  # False: always the plain form (the reference the fast paths are tested against)
-    # CPU training: keep each tile's hidden map for the backward pass rather than recompute it (faster,
-    # costs D floats per computed pair and layer; see dape_torch.py)
-    save_hidden = True
 
     def __init__(self, n_head, width, variant, has_bias):
         super().__init__()
@@ -62,17 +57,18 @@ class _DAPE(nn.Module):
         self.n_head, self.width, self.variant, self.has_bias = n_head, width, variant, has_bias
         self.in_channels = dape_in_channels(n_head, variant, has_bias)
 
-    def forward(self, A, bias, future=None, mask_future=False):
+    def forward(self, A, bias, future=None, mask_future=False, residual_f=None):
         """A: [B, H, Tq, Tk]; bias: [H, Tq, Tk], [1 or B, H, Tq, Tk] or None. Returns the logits
-        [B, H, Tq, Tk]; with mask_future, the same logits with -inf where future is True."""
-        return self._run(A, bias, future, "masked" if mask_future and future is not None else "logits")
+        [B, H, Tq, Tk]; with mask_future, the same logits with -inf where future is True. residual_f:
+        another implementation of self.residual_f (dape_torch.py's), which the variants then feed."""
+        return self._run(A, bias, future, "masked" if mask_future and future is not None else "logits", residual_f)
 
-    def probs(self, A, bias, future=None):
-        """softmax(forward(A, bias, future, mask_future=True), dim=-1): the attention probabilities (which
-        the CPU path computes tile by tile without storing the full logits twice)."""
-        return self._run(A, bias, future, "probs")
+    def probs(self, A, bias, future=None, residual_f=None):
+        """softmax(forward(A, bias, future, mask_future=True), dim=-1): the attention probabilities."""
+        return self._run(A, bias, future, "probs", residual_f)
 
-    def _run(self, A, bias, future, out):
+    def _run(self, A, bias, future, out, residual_f=None):
+        residual_f = residual_f or self.residual_f
         if bias is not None and bias.dim() == 4 and bias.shape[0] == 1:
             bias = bias[0]  # one map for the whole batch
         if bias is None:
@@ -84,15 +80,13 @@ class _DAPE(nn.Module):
         elif self.variant == "add_residual":
             x, y, res_y = A + bias, None, False  # S + f(S), S = A + bias
         else:  # bias_only: A + (bias + f(bias)), computed once for the batch when bias has no batch axis
-            Bf = self.residual_f(bias if bias.dim() == 4 else bias[None], None, False, future, "logits")
+            Bf = residual_f(bias if bias.dim() == 4 else bias[None], None, False, future, "logits")
             return finish(A + Bf, future, out)
-        return self.residual_f(x, y, res_y, future, out)
+        return residual_f(x, y, res_y, future, out)
 
     def residual_f(self, x, y, res_y, future, out):
         """x + (y if res_y) + f(cat(x, y)), then as `out` asks: "logits", "masked" or "probs".
         x: [B, C, Tq, Tk]; y: None, [C, Tq, Tk] (shared by the batch) or [B, C, Tq, Tk]."""
-        if self.fast:
-            return dape_torch.residual_f(self, x, y, res_y, future, out)
         X = x if y is None else torch.cat((x, y.expand(x.shape[0], *y.shape[-3:])), dim=1)
         logits = self.f(X, future) + (x + y if res_y else x)
         return finish(logits, future, out)
@@ -111,8 +105,8 @@ def finish(logits, future, out):
 
 
 class DAPEV1(_DAPE):
-    """f = Linear(C -> D) -> LeakyReLU -> Linear(D -> H) at every (i, j). The parameters are named like
-    Appendix J's `mlp` (Sequential), so state dicts interchange with the paper's module."""
+    """f = Linear(C -> D) -> LeakyReLU -> Linear(D -> H) at every (i, j), as Appendix J's `mlp` (a
+    Sequential); the released code's parameter names differ (docs/encodings.md)."""
 
     def __init__(self, n_head, width=32, variant="concat_residual", has_bias=True):
         super().__init__(n_head, width, variant, has_bias)

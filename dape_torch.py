@@ -31,6 +31,9 @@ import torch.nn.functional as F
 # (query, key) pairs per CPU tile, over the sequences it groups: its hidden map is D * TILE_PAIRS floats,
 # which stays in cache; smaller tiles spend more time in Python than in arithmetic.
 TILE_PAIRS = 16384
+# CPU training: keep each tile's hidden map for the backward pass rather than recompute it (faster, costs
+# D floats per computed pair and layer)
+SAVE_HIDDEN = True
 
 
 def use_tiles(x):
@@ -38,11 +41,11 @@ def use_tiles(x):
 
 
 def residual_f(mod, x, y, res_y, future, out):
-    """What dape._DAPE.residual_f defines, for the DAPE module mod (its weights(), kernel, slope,
-    zero_future, save_hidden): x + (y if res_y) + f(cat(x, y)), then "logits", "masked" or "probs"."""
+    """What dape._DAPE.residual_f defines, for the DAPE module mod (its weights(), kernel, slope and
+    zero_future): x + (y if res_y) + f(cat(x, y)), then "logits", "masked" or "probs"."""
     w1, b1, w2, b2 = mod.weights()
     if use_tiles(x):
-        spec = Spec(mod.kernel, mod.zero_future, mod.slope, res_y, future, out, mod.save_hidden,
+        spec = Spec(mod.kernel, mod.zero_future, mod.slope, res_y, future, out, SAVE_HIDDEN,
                     grad=torch.is_grad_enabled())
         return _Tiled.apply(x, y, w1, b1, w2, b2, spec)
     f = whole_f(x, y, future, w1, b1, w2, b2, mod.zero_future and future is not None, mod.slope)

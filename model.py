@@ -15,12 +15,12 @@ It is computed in blocks of queries when the [batch, channel, query, key] maps w
 gives exactly the same result (every step is local to one query row) with memory bounded by the block:
 this is what lets a small model be evaluated at 8192 tokens on a CPU. Where no DAPE and no
 content-dependent term is involved, each block goes through F.scaled_dot_product_attention with the
-bias as a float mask, which computes the same function faster.
+bias as a float mask, which computes the same function faster. With DAPE, dape_paths.py picks the code:
+dape.py's plain form, or a faster one that has matched it on that kind of call.
 """
 
 import inspect
 import math
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -28,8 +28,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from einops import rearrange
 
+import dape_paths
 from dape import DAPEV1, DAPEV2, VARIANTS
-from positional import ENCODINGS
+from positional import ENCODINGS, as_map
 
 # Attention probabilities of far-away keys (exp of very negative logits) underflow into float32
 # denormals, which x86 CPUs process many times slower; flushing them to zero changes no result that
@@ -41,7 +42,7 @@ torch.set_flush_denormal(True)
 ATTN_BLOCK_BUDGET = 2 ** 26
 # On the CPU, also floats of one [B, H, Tq, Tk] map of a block (8 MB): the bias, the mask and the softmax
 # are each a pass over such maps, and passes within the last-level cache are several times faster than
-# through memory (figures in the README, "Benchmark").
+# through memory (figures in docs/benchmark.md).
 ATTN_BLOCK_CACHE_CPU = 2 ** 21
 
 
@@ -59,7 +60,7 @@ class GPTConfig:
     dape_variant: str = "concat_residual"  # see dape.py
     dape_width: int = 32  # hidden width D of f
     dape_kernel: int = 3  # V2's kernel (1, k) along the key axis
-    dape_impl: str = "auto"  # auto: dape_triton.py's fused kernel on CUDA, else dape_torch.py; triton; torch
+    dape_impl: str = "auto"  # the code that computes DAPE: auto, plain, torch or triton (dape_paths.py)
     causal: bool = True  # False: a bidirectional encoder (CHE)
     # causal=False: which distance biases put a key on the left half a step nearer, so that they tell left
     # from right: alibi (as Ruoss et al.'s reference), all (ALiBi, Kerple, Kerple-power, FIRE), none
@@ -69,7 +70,9 @@ class GPTConfig:
     rand_pos_eval: bool = False  # draw them at evaluation too (Ruoss et al.'s CHE protocol); False: 0..T-1
     tie_weights: bool = True  # the output head is the token embedding (GPT-2); False: a head of its own
     fire_L0: int = 0  # FIRE's threshold L0; 0: block_size
-    attn_chunk: int = 0  # queries per attention block; 0: chosen from ATTN_BLOCK_BUDGET (and the CPU's cache)
+    # queries per attention block where [Tq, Tk] maps are formed (DAPE's fused kernel forms none and takes all
+    # at once); 0: chosen from ATTN_BLOCK_BUDGET (and the CPU's cache)
+    attn_chunk: int = 0
 
     def __post_init__(self):
         def fail(msg):
@@ -80,8 +83,8 @@ class GPTConfig:
             fail(f"unknown dape={self.dape!r}; choose none, v1 or v2")
         if self.bidir_bias not in ("alibi", "all", "none"):
             fail(f"unknown bidir_bias={self.bidir_bias!r}; choose alibi, all or none")
-        if self.dape_impl not in ("auto", "triton", "torch"):
-            fail(f"unknown dape_impl={self.dape_impl!r}; choose auto, triton or torch")
+        if self.dape_impl not in dape_paths.IMPLS:
+            fail(f"unknown dape_impl={self.dape_impl!r}; choose one of {', '.join(dape_paths.IMPLS)}")
         if self.dape_variant not in VARIANTS:
             fail(f"unknown dape_variant={self.dape_variant!r}; choose one of {', '.join(VARIANTS)}")
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "dape_width", "dape_kernel"):
@@ -138,7 +141,7 @@ class SelfAttention(nn.Module):
         self.causal = config.causal
         self.dropout = config.dropout
         self.attn_chunk = config.attn_chunk
-        self.pos, self.dape_impl = config.pos, config.dape_impl
+        self.dape_impl = config.dape_impl
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
@@ -153,12 +156,11 @@ class SelfAttention(nn.Module):
     def forward(self, x, pe, pos_q, pos_k, cache=None, layer=0):
         q, k, v = self.qkv(x, pe, pos_q)
         t0 = len(cache) if cache is not None else 0
-        # an encoding that reads the layer's input (FoX's forget gates): its state for every key
+        # an encoding that reads the layer's input (FoX's forget gates): the state of every key
         state = pe.state(x, cache.state[layer] if t0 else None) if pe.reads_input else None
-        if cache is not None:  # keys and values (and states) of earlier tokens come first
+        if cache is not None:  # keys and values of earlier tokens come first
             if t0:
                 k, v = torch.cat((cache.k[layer], k), dim=2), torch.cat((cache.v[layer], v), dim=2)
-                state = torch.cat((cache.state[layer], state), dim=-1) if state is not None else None
             cache.k[layer], cache.v[layer], cache.state[layer] = k, v, state
         y = self.attend(q, k, v, pe, pos_q, pos_k, t0, state)
         y = rearrange(y, "b h t d -> b t (h d)")  # the heads side by side again
@@ -172,11 +174,11 @@ class SelfAttention(nn.Module):
             q, k = pe.rotate(q, pos), pe.rotate(k, pos)
         return q, k, v
 
-    def query_block(self, B, Tq, Tk, device, fused):
+    def query_block(self, B, Tq, Tk, device):
         if self.attn_chunk:
             return self.attn_chunk
-        if torch.is_grad_enabled() or fused:
-            return Tq  # autograd keeps every block's tensors anyway; the fused kernel holds no [Tq, Tk] map
+        if torch.is_grad_enabled():
+            return Tq  # autograd keeps every block's tensors anyway
         width = self.dape.width if self.dape is not None else 0
         per_query = B * Tk * (4 * self.n_head + 2 * width)  # A, bias, logits, probs, f's hidden map
         step = ATTN_BLOCK_BUDGET // per_query
@@ -185,178 +187,66 @@ class SelfAttention(nn.Module):
         return max(1, min(Tq, step))
 
     def attend(self, q, k, v, pe, pos_q, pos_k, t0, state=None):
-        """state: the state of every key, [B, H, Tk], of an encoding that reads the layer's input
-        (pe.reads_input), else None; its bias reads (the queries' state, the keys' state)."""
+        """Attention of the queries q (the tokens t0, t0 + 1, ... of the sequence) to the keys k, v, in
+        blocks of queries. state: every key's state of an encoding that reads the layer's input."""
         Tq, Tk = q.shape[2], k.shape[2]
-        fused = self.fused(q, pe)
-        step = self.query_block(q.shape[0], Tq, Tk, q.device, fused)
+        step = self.query_block(q.shape[0], Tq, Tk, q.device)
+        dropout_p = self.dropout if self.training else 0.0
         ki = torch.arange(Tk, device=q.device)  # index of each key in the sequence
+
+        def scores(s, e, logits=True):  # query rows [s, e): their logits A and the bias
+            qi = torch.arange(t0 + s, t0 + e, device=q.device)
+            return self.scores(q[:, :, s:e], k, pe, pos_q[s:e], pos_k, qi, ki, state, logits)[:2]
+
+        if self.dape is not None:  # dape_paths.py picks the code that computes it
+            return dape_paths.attention(self.dape, q, k, v, scores, self.causal, t0, step, self.dape_impl,
+                                        dropout_p, pe)
         ys = []
         for s in range(0, Tq, step):
             e = min(s + step, Tq)
-            st = None if state is None else (state[..., t0 + s:t0 + e], state)  # the queries are the last keys
-            if fused:  # softmax(mask(A + bias + f)) . v in one kernel, A and f never in memory
-                if pe.separable:  # B_ij = u_i - w_j, formed on chip
-                    bias = pe.bias_terms(pos_q[s:e], pos_k, st)
-                else:
-                    bias = pe.bias(pos_q[s:e], pos_k, state=st) if pe.has_bias else None
-                ys.append(dape_triton.attention(q[:, :, s:e], k, v, bias, *self.dape.weights(), self.dape.variant,
-                                                self.causal, q_offset=t0 + s))
-                continue
             qi = torch.arange(t0 + s, t0 + e, device=q.device)
-            ys.append(self.attend_block(q[:, :, s:e], k, v, pe, pos_q[s:e], pos_k, qi, ki, st))
+            future = ki[None, :] > qi[:, None] if self.causal else None  # [Tq, Tk], True = masked
+            ys.append(self.attend_block(q[:, :, s:e], k, v, pe, future, dropout_p,
+                                         lambda logits=True: scores(s, e, logits)))
         return ys[0] if len(ys) == 1 else torch.cat(ys, dim=2)
 
-    def fused(self, q, pe):
-        """Whether DAPE runs in dape_triton.py's fused kernel. dape_impl='auto': on the devices of FUSED_DEVICES
-        (CUDA) when Triton imports, for the encodings whose bias does not depend on the content, without
-        attention dropout in training, outside torch.compile, and once the kernel has passed its self-check
-        for this kind of call (dape_triton.self_check: a tiny run against the PyTorch path); anything else
-        takes the PyTorch path, saying why once. 'triton': the kernel or an error; 'torch': never."""
-        if self.dape is None or self.dape_impl == "torch" or (self.dape_impl == "auto"
-                                                              and q.device.type not in FUSED_DEVICES):
-            return False
-        why = fused_unsupported(self.pos, self.dropout if self.training else 0.0, torch.compiler.is_compiling())
-        if why is None:
-            why = _triton_missing(q, self.dape.width, self.dape.kernel)
-        if why is not None:
-            warning = f"DAPE's fused kernel does not cover {why}: using the PyTorch path"
-        else:
-            bias_grad = pe.has_bias and torch.is_grad_enabled() and any(p.requires_grad for p in pe.parameters())
-            kind = ("terms" if pe.separable else "map") if pe.has_bias else None
-            failed = dape_triton.self_check(self.dape, q, kind, bias_grad, self.causal)
-            if failed is None:
-                return True
-            why = f"its self-check failed on this device ({failed})"
-            warning = (f"DAPE's fused kernel failed its self-check on this device ({failed}): using the PyTorch "
-                       f"path for these calls")
-        if self.dape_impl == "triton":
-            raise ValueError(f"dape_impl='triton' cannot run here: {why}; use dape_impl='auto' or 'torch'")
-        warn_once(warning)
-        return False
-
-    def scores(self, q, k, pe, pos_q, pos_k, qi, ki, state=None):
-        """The logits' terms [B, H, Tq, Tk] of the queries at sequence indices qi: A with CoPE's
-        contextual term added, the encoding's bias ([H, Tq, Tk] or [B, H, Tq, Tk], or None), and the
-        content logits A alone."""
+    def scores(self, q, k, pe, pos_q, pos_k, qi, ki, state=None, logits=True):
+        """The logits' terms of the queries at sequence indices qi: A [B, H, Tq, Tk] with CoPE's contextual
+        term added (None without `logits`), the encoding's bias (None, [H, Tq, Tk], [B, H, Tq, Tk] or Terms),
+        and the content logits A alone."""
+        bias = pe.bias(pos_q, pos_k, q, k, state) if pe.has_bias else None
+        if not logits:
+            return None, bias, None
         # q is scaled rather than A: scaling the [B, H, Tq, Tk] map costs a pass over it, and another in backward
         A = ((q * (1.0 / math.sqrt(self.head_size))) @ k.transpose(-2, -1)).float()
-        A_pe = pe.logits(A, q, qi, ki) if pe.contextual else A
-        return A_pe, (pe.bias(pos_q, pos_k, q, k, state) if pe.has_bias else None), A
+        return (pe.logits(A, q, qi, ki) if pe.contextual else A), bias, A
 
-    def attend_block(self, q, k, v, pe, pos_q, pos_k, qi, ki, state=None):
-        """Attention of the queries at sequence indices qi to all keys (indices ki)."""
-        future = ki[None, :] > qi[:, None] if self.causal else None  # [Tq, Tk], True = masked
-        dropout_p = self.dropout if self.training else 0.0
-
-        if self.dape is None and not pe.needs_content:
-            # the same function through the fused kernel: the bias (if any) goes in as a float mask
+    def attend_block(self, q, k, v, pe, future, dropout_p, scores):
+        """softmax(mask(A + bias)) . v without DAPE, for one block of queries; scores(logits) gives their
+        logits A (when asked for) and the bias."""
+        if not pe.needs_content:
+            # the same function through PyTorch's fused attention: the bias (if any) goes in as a float mask
             if not pe.has_bias:
                 if future is None:
                     return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
-                if q.shape[2] == k.shape[2]:  # then qi == ki: the ordinary square causal mask
+                if q.shape[2] == k.shape[2]:  # then the ordinary square causal mask
                     return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
                 return F.scaled_dot_product_attention(q, k, v, attn_mask=~future, dropout_p=dropout_p)
-            bias = pe.bias(pos_q, pos_k, state=state)
+            bias = as_map(scores(logits=False)[1])
             if future is not None:
                 bias = bias.masked_fill(future, float("-inf"))
             # as [1, H, Tq, Tk] (or [B, H, Tq, Tk]): PyTorch's CPU kernel is much slower with a 3-D [H, Tq, Tk]
-            # mask (README, "Benchmark"). Under autocast SDPA wants the mask in q's dtype: the float32 bias is
+            # mask (docs/benchmark.md). Under autocast SDPA wants the mask in q's dtype: the float32 bias is
             # rounded once, as the logits themselves are
             bias = bias.to(q.dtype)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=bias if bias.dim() == 4 else bias[None],
                                                   dropout_p=dropout_p)
-
-        A, bias, _ = self.scores(q, k, pe, pos_q, pos_k, qi, ki, state)
-        if self.dape is not None:  # softmax(mask(A + bias + f)), without f where the mask hides it
-            att = self.dape.probs(A, bias, future)
-        else:
-            logits = A if bias is None else A + bias
-            if future is not None:
-                logits = logits.masked_fill(future, float("-inf"))
-            att = F.softmax(logits, dim=-1)
-        att = F.dropout(att, dropout_p, self.training)
+        A, bias = scores()
+        logits = A if bias is None else A + as_map(bias)
+        if future is not None:
+            logits = logits.masked_fill(future, float("-inf"))
+        att = F.dropout(F.softmax(logits, dim=-1), dropout_p)
         return att.to(v.dtype) @ v
-
-    @torch.no_grad()
-    def terms(self, x, pe, pos, rows):
-        """What this layer adds up for the query rows `rows` (sequence indices) of x [1, T, C], as
-        visualize.py draws it: A, bias, f (DAPE's term), the pre-softmax logits and the probabilities,
-        each [H, R, T] float32 (None where the model has none), and `out` [R, C], the layer's output at
-        those rows computed from them (equal to forward's: the test of this function)."""
-        T = x.shape[1]
-        q, k, v = self.qkv(x, pe, pos)
-        qi = torch.as_tensor(rows, device=x.device)
-        ki = torch.arange(T, device=x.device)
-        state = pe.state(x) if pe.reads_input else None
-        state = None if state is None else (state[..., qi], state)
-        A, bias, content = self.scores(q[:, :, qi], k, pe, pos[qi], pos, qi, ki, state)
-        if bias is not None:
-            bias = bias.expand_as(A)
-        future = ki[None, :] > qi[:, None] if self.causal else None
-        logits = A if bias is None else A + bias
-        f = None
-        if self.dape is not None:  # logits = A + bias + f, except for 'concat' (A + f) and no bias (A + f)
-            logits = self.dape(A, bias, future)
-            f = logits - A - (bias if bias is not None and self.dape.variant != "concat" else 0.0)
-        att = F.softmax(logits if future is None else logits.masked_fill(future, float("-inf")), dim=-1)
-        y = rearrange(att.to(v.dtype) @ v, "b h r d -> b r (h d)")
-        # for CoPE the position term drawn as the bias is its contextual term, and A the content logits
-        position = bias if bias is not None else (A - content if pe.contextual else None)
-        sq = lambda t: None if t is None else t[0].float().cpu()
-        return {'A': sq(content), 'B': sq(position), 'f': sq(f), 'logits': sq(logits), 'att': sq(att),
-                'out': self.c_proj(y)[0].float().cpu()}
-
-
-dape_triton = None  # imported when first needed: Triton is a CUDA-only dependency
-# Where dape_impl='auto' puts DAPE in the fused kernel: CUDA. (Under Triton's interpreter the kernel also
-# runs on CPU tensors, slowly: the tests add "cpu" here to check what auto does.)
-FUSED_DEVICES = ("cuda",)
-
-
-def fused_unsupported(pos, dropout, compiling):
-    """Why the fused kernel cannot compute attention with the encoding `pos` (a name of ENCODINGS), attention
-    dropout (training) and under torch.compile, whatever the device, or None."""
-    if ENCODINGS[pos].contextual or ENCODINGS[pos].needs_content:
-        return f"pos={pos} (its logits depend on the content)"
-    if dropout:
-        return "attention dropout in training"
-    if compiling:
-        return "torch.compile (the kernel runs in eager mode)"
-    return None
-
-
-def _triton_missing(q, width, kernel_size):
-    """Why dape_triton.py cannot run on q (its device, dtype and heads) with f of this width and kernel, or None."""
-    global dape_triton
-    if dape_triton is None:
-        try:
-            import dape_triton
-        except ImportError as e:
-            return f"a machine without Triton ({e})"
-    return dape_triton.unavailable(q, width, kernel_size)
-
-
-def fused_kernel_problem(config, device, dtype, compiling=False):
-    """Why dape_impl='triton' cannot train this model on device in dtype (torch.compile'd or not), or None:
-    what train.py checks before it starts. (The kernel's self-check runs at its first call.)"""
-    if config.dape == "none" or config.dape_impl != "triton":
-        return None
-    why = fused_unsupported(config.pos, config.dropout, compiling)
-    if why is None:
-        q = torch.empty(1, config.n_head, 1, config.n_embd // config.n_head, dtype=dtype, device=device)
-        why = _triton_missing(q, config.dape_width, config.dape_kernel if config.dape == "v2" else 1)
-    return why
-
-
-_warned = set()
-
-
-def warn_once(message):
-    """warnings.warn, once per message for the process (Python's own filter forgets under pytest)."""
-    if message not in _warned:
-        _warned.add(message)
-        warnings.warn(message, stacklevel=3)
 
 
 class MLP(nn.Module):
@@ -504,11 +394,12 @@ class GPT(nn.Module):
         return flops
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
-        """AdamW with weight decay on the weights of Linear, conv and embedding layers only. Biases, norms
-        and the encodings' own parameters are not decayed, whatever their shape: Kerple's r1, r2 (and
-        a, p) are [H, 1, 1] and XL's biases u, v are [H, hs], so nanoGPT's rule (decay every parameter
-        of 2 or more dimensions) would pull the slopes towards their clamp, and u, v towards 0.
-        CoPE's position table is not decayed either (zero at init, like a bias)."""
+        """AdamW with weight decay on the weights of Linear, conv and embedding layers only (the encodings'
+        and DAPE's among them: FoX's gate, FIRE's MLP, XL's W_R). Biases, norms and the encodings' own
+        parameter tensors are not decayed, whatever their shape: Kerple's r1, r2 (and a, p) are [H, 1, 1] and
+        XL's biases u, v are [H, hs], so nanoGPT's rule (decay every parameter of 2 or more dimensions) would
+        pull the slopes towards their clamp, and u, v towards 0. CoPE's position table is not decayed either
+        (zero at init, like a bias)."""
         matrices = {id(m.weight) for m in self.modules() if isinstance(m, (nn.Linear, nn.Conv2d, nn.Embedding))}
         params = [p for p in self.parameters() if p.requires_grad]
         decay = [p for p in params if id(p) in matrices]

@@ -2,49 +2,78 @@
 Positional encodings, one small class each.
 
 Every encoding answers the same few questions, so that the attention in model.py never needs to
-know which one it is talking to:
+know which one it is talking to. What an encoding does is which of these methods it defines (the base
+class has them as None, and the flags of the same names, below, are derived from them):
 
-    absolute      adds embed(pos) [T, C] to the token embeddings, once, below the first layer
-    rotary        rotates q and k by their positions: rotate(x, pos)
-    has_bias      adds a bias B to the logits: bias(pos_q, pos_k, q, k, state) -> [H, Tq, Tk] or
-                  [B, H, Tq, Tk]; this B is what DAPE reads as its second input
-    contextual    adds a content-dependent term to the logits A themselves: logits(A, q, qi, ki)
-    needs_content B or the extra term depends on q/k, so it must be computed per batch element
-    reads_input   B depends on the layer's input x (its normalised residual stream): state(x, prev) gives
-                  a per-token state [B, H, T] (continued from prev, the cached tokens' state), and bias()
-                  reads `state`, the pair (the queries' state, the keys' state)
-    separable     B_ij = u_i - w_j: bias_terms(pos_q, pos_k, state) gives u [B, H, Tq] and w [B, H, Tk], and
-                  the fused kernel of dape_triton.py forms B on chip instead of reading a map
-    causal_only   defined for causal attention only (a bidirectional model is an error)
-    per_layer     each layer has its own instance (False: one instance shared by all layers)
+    embed(pos)            absolute: [T, C] added to the token embeddings, once, below the first layer
+    rotate(x, pos)        rotary: q and k rotated by their positions
+    bias(pos_q, pos_k, q, k, state)
+                          has_bias: a bias B added to the logits, [H, Tq, Tk] or [B, H, Tq, Tk], or Terms(u, w)
+                          meaning B_ij = u_i - w_j (formed on chip by the fused kernel, expanded by the
+                          PyTorch paths); this B is what DAPE reads as its second input
+    logits(A, q, qi, ki)  contextual: a content-dependent term added to the logits A themselves
+    state(x, prev)        reads_input: B depends on the layer's input x (its normalised residual stream);
+                          state gives every key's state [B, H, Tk], the cached tokens' (prev) included, and
+                          bias() reads it as `state`
+
+and these flags:
+
+    needs_content   B or the extra term depends on q/k, so it is computed per batch element
+    causal_only     defined for causal attention only (GPTConfig refuses causal=False)
+    per_layer       each layer has its own instance (False: one instance shared by all layers)
+    uses_positions  False: randomized positions would change nothing (rand_pos is refused)
+    distance_based  B is a function of distance() alone (see bidir_bias)
 
 `pos` are absolute positions (int64, [T]); distances are pos_q - pos_k, built in float32 whatever
-the autocast dtype (fp16 cannot hold every integer above 2048). Biases are only ever read on and below
-the diagonal in causal mode; above it they hold the value at distance 0 and are masked afterwards.
+the autocast dtype (fp16 cannot hold every integer above 2048). Attention masks B after it is formed, so
+what a bias holds above the diagonal in causal mode is never read (the distance encodings hold their
+distance-0 value there, FoX's c_i - c_j whatever it is).
 
 To add an encoding: write a class below that sets the flags it needs and implements the matching
 method(s), and add it to ENCODINGS at the bottom of the file.
 """
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 
+class Terms(NamedTuple):
+    """A bias given by its terms, B_ij = u_i - w_j: u [B, H, Tq], w [B, H, Tk]."""
+    u: torch.Tensor
+    w: torch.Tensor
+
+    def rows(self, s, e):
+        """The terms of query rows [s, e)."""
+        return Terms(self.u[..., s:e], self.w)
+
+    def map(self):
+        """B itself, [B, H, Tq, Tk]."""
+        return self.u[..., :, None] - self.w[..., None, :]
+
+
+def as_map(bias):
+    """A bias as a map (Terms expanded), for the paths that add it to the logits."""
+    return bias.map() if isinstance(bias, Terms) else bias
+
+
 class PositionalEncoding(nn.Module):
-    absolute = False
-    rotary = False
-    has_bias = False
-    contextual = False
+    embed = rotate = bias = logits = state = None  # the methods an encoding may define (see above)
     needs_content = False
-    reads_input = False
-    separable = False
     causal_only = False
     per_layer = True
-    uses_positions = True  # False: randomized positions would change nothing
-    distance_based = False  # the bias is a function of distance() alone (see bidir_bias)
+    uses_positions = True
+    distance_based = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # the flags that the methods a class defines already say, derived once so they cannot disagree
+        cls.absolute, cls.rotary = cls.embed is not None, cls.rotate is not None
+        cls.has_bias, cls.contextual, cls.reads_input = cls.bias is not None, cls.logits is not None, \
+            cls.state is not None
 
     def __init__(self, config):
         super().__init__()
@@ -99,7 +128,6 @@ class NoPE(PositionalEncoding):
 
 class Learned(PositionalEncoding):
     """GPT-2's learned absolute table. It has a row per position it was trained on and no more."""
-    absolute = True
     per_layer = False
 
     def __init__(self, config):
@@ -122,7 +150,6 @@ class Learned(PositionalEncoding):
 
 class Sinusoidal(PositionalEncoding):
     """Vaswani et al.'s fixed sin/cos absolute encoding."""
-    absolute = True
     per_layer = False
 
     def __init__(self, config):
@@ -158,7 +185,6 @@ class RoPE(PositionalEncoding):
             partly).
     s = 1 (or kind 'none') leaves RoPE exactly as trained.
     """
-    rotary = True
     per_layer = False
     SCALINGS = ('none', 'pi', 'ntk', 'yarn')
 
@@ -266,7 +292,6 @@ def t5_relative_bucket(relative_position, bidirectional, num_buckets=32, max_dis
 
 class T5Bias(PositionalEncoding):
     """Raffel et al.: a learned scalar per (bucket of distance, head), one table for all layers."""
-    has_bias = True
     per_layer = False
 
     def __init__(self, config, num_buckets=32, max_distance=128):
@@ -297,7 +322,6 @@ def alibi_slopes(n_head):
 
 class ALiBi(PositionalEncoding):
     """Press et al.: B = -m_h * d with fixed per-head slopes."""
-    has_bias = True
     distance_based = True
     per_layer = False
 
@@ -311,7 +335,6 @@ class ALiBi(PositionalEncoding):
 
 class Kerple(PositionalEncoding):
     """Chi et al., logarithmic variant: B = -r1 * log(1 + r2 * d), r1, r2 > 0 learned per head."""
-    has_bias = True
     distance_based = True
 
     def __init__(self, config):
@@ -331,7 +354,6 @@ class Kerple(PositionalEncoding):
 
 class KerplePower(PositionalEncoding):
     """Chi et al., power variant: B = -a * d^p, a > 0, 0 < p <= 2 learned per head."""
-    has_bias = True
     distance_based = True
 
     def __init__(self, config):
@@ -357,7 +379,6 @@ class FIRE(PositionalEncoding):
     """Li et al.: B = f(psi(d) / psi(max(i, L))) with psi(x) = log(c*x + 1) and f an MLP 1 -> 32 -> H.
     Dividing by the query's own (progressive) position keeps the MLP's input in [0, 1] at any length;
     L = |L_mult| * L0 stops short queries from seeing huge normalised distances."""
-    has_bias = True
     distance_based = True
 
     def __init__(self, config, width=32, eps=1e-6):
@@ -396,7 +417,6 @@ class CoPE(PositionalEncoding):
     """Golovneva et al.: contextual positions. A gate g_ij = sigmoid(A_ij) decides whether key j counts
     for query i; p_ij = sum of the gates between j and i (fractional), and the logit gains q_i . e[p_ij],
     e interpolated between the two nearest integer positions. It has no bias B: DAPE reads A + this."""
-    contextual = True
     needs_content = True
     uses_positions = False
 
@@ -431,7 +451,6 @@ class CoPE(PositionalEncoding):
 class XLRelative(PositionalEncoding):
     """Dai et al. (Transformer-XL): B_ij = (u . k_j + (q_i + v) . W_R R_{i-j}) / sqrt(hs), with R the
     sinusoid of the relative distance and u, v learned content and position biases per head."""
-    has_bias = True
     needs_content = True
 
     def __init__(self, config):
@@ -470,17 +489,11 @@ class FoX(PositionalEncoding):
     from the key to the query). log f and c are float32 under any autocast, as in the reference. Gate and
     init as the reference's default ("full": data-dependent, a Linear of the input, weights N(0, 0.02),
     bias 0, so f = 1/2 at init): see docs/encodings.md."""
-    has_bias = True
-    reads_input = True
-    separable = True
     causal_only = True
     uses_positions = False
 
     def __init__(self, config):
         super().__init__(config)
-        if not config.causal:
-            raise ValueError("pos=fox is defined for causal attention only (its gates accumulate from a key "
-                             "to the query after it); use causal=True or another encoding")
         self.gate = nn.Linear(config.n_embd, config.n_head, bias=True)
         self.reset_parameters()
 
@@ -489,19 +502,19 @@ class FoX(PositionalEncoding):
         nn.init.zeros_(self.gate.bias)
 
     def state(self, x, prev=None):
-        """c [B, H, T] float32 of the tokens x [B, T, C]: the running sum of log f, continued from prev (the
-        cached tokens' c, [B, H, T0]) when given."""
+        """c [B, H, T0 + T] float32: the cached tokens' c (prev, [B, H, T0]), then the running sum of log f
+        of the tokens x [B, T, C] continued from it."""
         with torch.autocast(device_type=x.device.type, enabled=False):
             log_f = F.logsigmoid(self.gate(x.float())).transpose(1, 2)
         c = log_f.cumsum(dim=-1)
-        return c if prev is None or prev.shape[-1] == 0 else c + prev[..., -1:]
-
-    def bias_terms(self, pos_q, pos_k, state):
-        return state  # (c of the queries, c of the keys): B_ij = c_i - c_j
+        if prev is None or prev.shape[-1] == 0:
+            return c
+        return torch.cat((prev, c + prev[..., -1:]), dim=-1)
 
     def bias(self, pos_q, pos_k, q=None, k=None, state=None):
-        u, w = self.bias_terms(pos_q, pos_k, state)
-        return u[..., :, None] - w[..., None, :]  # [B, H, Tq, Tk]
+        # FoX has no positions (rand_pos is refused for it), so a token's position is its index in the
+        # sequence, and it picks the token's c out of state
+        return Terms(state[..., pos_q], state[..., pos_k])
 
 
 # -----------------------------------------------------------------------------

@@ -30,10 +30,12 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+import dape_paths
+import passkey
 from common import autocast, check_dataset, pick_dtype, read_checkpoint_file
 from configurator import ConfigError, check_device, config_defaults, configure, update_config
-from model import GPT, GPTConfig, fused_kernel_problem
-import passkey
+from model import GPT, GPTConfig
+from positional import ENCODINGS
 from tokenizer import get_tokenizer, load_meta
 
 # -----------------------------------------------------------------------------
@@ -128,10 +130,15 @@ def check_config(cfg):
 def check_dape_impl(config, device, dtype, compiling):
     """dape_impl='triton' where the fused kernel cannot run (no CUDA, no Triton, a shape or dtype it does
     not take, an encoding it does not cover): a ConfigError before training starts."""
-    why = fused_kernel_problem(config, device, dtype, compiling)
+    if config.dape == "none":
+        return
+    why = dape_paths.cannot(config.dape_impl, torch.device(device), dtype, config.n_head,
+                            config.n_embd // config.n_head, config.dape_width,
+                            config.dape_kernel if config.dape == "v2" else 1, ENCODINGS[config.pos],
+                            config.dropout, compiling)
     if why is not None:
         raise ConfigError(f"dape_impl=triton cannot run here: {why}; use --dape_impl=auto (the fused kernel "
-                          f"where it runs, else PyTorch) or --dape_impl=torch")
+                          f"where it runs and agrees with dape.py, else PyTorch), torch or plain")
 
 
 # -----------------------------------------------------------------------------

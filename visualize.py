@@ -23,9 +23,12 @@ import sys
 
 import numpy as np
 import torch
+import torch.nn.functional as F
+from einops import rearrange
 
 from common import InputError, load_run, load_val, pick_device, resolve_data_dir
 from configurator import ConfigError, configure
+from positional import as_map
 
 # -----------------------------------------------------------------------------
 _names_before_config = set(globals())
@@ -78,6 +81,35 @@ def capture_layers(model, idx, layer_ids):
         for h in handles:
             h.remove()
     return captured
+
+
+@torch.no_grad()
+def layer_terms(attn, x, pe, pos, rows):
+    """What the attention layer attn (model.SelfAttention) adds up for the query rows `rows` (sequence
+    indices) of x [1, T, C]: A, bias, f (DAPE's term, by dape.py's plain form), the pre-softmax logits and the
+    probabilities, each [H, R, T] float32 (None where the model has none), and `out` [R, C], the layer's
+    output at those rows computed from them (equal to its forward's: the test of this function)."""
+    T = x.shape[1]
+    q, k, v = attn.qkv(x, pe, pos)
+    qi = torch.as_tensor(rows, device=x.device)
+    ki = torch.arange(T, device=x.device)
+    state = pe.state(x) if pe.reads_input else None
+    A, bias, content = attn.scores(q[:, :, qi], k, pe, pos[qi], pos, qi, ki, state)
+    if bias is not None:
+        bias = as_map(bias).expand_as(A)
+    future = ki[None, :] > qi[:, None] if attn.causal else None
+    logits = A if bias is None else A + bias
+    f = None
+    if attn.dape is not None:  # logits = A + bias + f, except for 'concat' (A + f) and no bias (A + f)
+        logits = attn.dape(A, bias, future)
+        f = logits - A - (bias if bias is not None and attn.dape.variant != "concat" else 0.0)
+    att = F.softmax(logits if future is None else logits.masked_fill(future, float("-inf")), dim=-1)
+    y = rearrange(att.to(v.dtype) @ v, "b h r d -> b r (h d)")
+    # for CoPE the position term drawn as the bias is its contextual term, and A the content logits
+    position = bias if bias is not None else (A - content if pe.contextual else None)
+    sq = lambda t: None if t is None else t[0].float().cpu()
+    return {'A': sq(content), 'B': sq(position), 'f': sq(f), 'logits': sq(logits), 'att': sq(att),
+            'out': attn.c_proj(y)[0].float().cpu()}
 
 
 def term_names(model):
@@ -197,7 +229,7 @@ def visualize(cfg, path):
     caps = capture_layers(model, idx, layer_ids)
     for layer in layer_ids:
         c = caps[layer]
-        terms = model.transformer.h[layer].attn.terms(c['x'], c['pe'], c['pos_q'], [qpos])
+        terms = layer_terms(model.transformer.h[layer].attn, c['x'], c['pe'], c['pos_q'], [qpos])
         err = (terms['out'] - c['out'][0, qpos].float().cpu()).abs().max().item()
         scale = c['out'][0, qpos].abs().max().item()
         print(f"layer {layer}: recomputed attention output matches the model's to {err:.2e} (max |out| {scale:.2e})")
@@ -217,7 +249,8 @@ def visualize(cfg, path):
         caps = capture_layers(model, idx[:, :n], layer_ids)
         for layer in layer_ids:
             c = caps[layer]
-            terms = model.transformer.h[layer].attn.terms(c['x'], c['pe'], c['pos_q'], list(range(n)))
+            terms = layer_terms(model.transformer.h[layer].attn, c['x'], c['pe'], c['pos_q'],
+                                list(range(n)))
             title = (f"{name} ({mc.pos}, dape={mc.dape}): layer {layer}, first {n} tokens of the window, "
                      f"all query rows (future keys blank)")
             p = os.path.join(cfg['out_dir'], f"{name}_layer{layer}_heatmap{n}.png")

@@ -69,25 +69,30 @@ def gpu_result(v1=1.1, v2=1.4, mem=(1000.0, 1250.0), fit=70 * 1024.0, eval_ratio
 def test_gpu_verdicts_read_the_right_rows(monkeypatch):
     """Each target from its own figure: the eager step ratios at T=512, batch 32 (not the compiled ones),
     the V1 step's peak memory over the encoding's, the T=1024 step's peak memory (out of memory on an
-    80 GB GPU is 'not met'), the evaluation's ratio; all 'not measured' when the kernel failed its self-check."""
+    80 GB GPU, which reports about 79.2 GiB to CUDA, is 'not met'), the evaluation's ratio; all 'not
+    measured' when the kernel failed its check against dape.py."""
     import types
-    import dape_triton
+    import dape_paths
     import torch
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(total_memory=80 * 2 ** 30))
-    monkeypatch.setattr(dape_triton, "_CHECKS", {})
+    memory = lambda gib: lambda i: types.SimpleNamespace(total_memory=int(gib * 2 ** 30))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", memory(79.2))
+    monkeypatch.setattr(dape_paths, "VERDICTS", {("torch", "f"): "f in dape.py differs"})  # not the kernel's
     cfg = dict(bench.config_defaults(vars(bench)))
     verdicts = [(v["verdict"], v.get("shown")) for v in bench.gpu_verdicts(gpu_result(), cfg)]
-    assert verdicts == [("met", "1.10"), ("not met", "1.40"), ("not met", "1.25"), ("met", "70.0 GB"),
+    assert verdicts == [("met", "1.10"), ("not met", "1.40"), ("not met", "1.25"), ("met", "75.2 GB"),
                         ("not met", "1.60")]
     verdicts = [v["verdict"] for v in bench.gpu_verdicts(gpu_result(1.2, 1.3, (1000.0, 1200.0), None, 1.5), cfg)]
     assert verdicts == ["not met", "met", "met", "not met", "met"]
-    monkeypatch.setattr(dape_triton, "_CHECKS", {"kind": "OutOfResources: shared memory"})
+    monkeypatch.setattr(torch.cuda, "get_device_properties", memory(47.5))  # a 48 GB card cannot tell
+    assert [v["verdict"] for v in bench.gpu_verdicts(gpu_result(fit=None), cfg)][3] == "not measured"
+    monkeypatch.setattr(dape_paths, "VERDICTS", {("triton", "f"): "the fused kernel failed (OutOfResources: "
+                                                                  "shared memory)"})
     verdicts = bench.gpu_verdicts(gpu_result(), cfg)
     assert all(v["verdict"] == "not measured" and "OutOfResources" in v["why"] for v in verdicts)
 
 
 def test_fit_table_marks_what_does_not_fit():
-    """The README's fit table: per shape and architecture, the largest figures over the entries of a
+    """docs/gpu.md's fit table: per shape and architecture, the largest figures over the entries of a
     dtype group; a kernel over the GPU's shared memory is 'refused' when dape_triton refuses it, else
     flagged."""
     kernel = lambda kb, regs=255, spill=0: dict(shared=kb * 1024, registers=regs, spill_stores=spill)

@@ -6,13 +6,14 @@ pass. All must compute the same function as the paper's module: the reference be
 Appendix J (tile B over the batch, concatenate, channels-last MLP or (1, k) convolutions) and run in
 float64, so that float32 rounding is the only difference allowed."""
 
+import functools
 import itertools
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-import dape
 import dape_torch
 from dape import DAPEV1, DAPEV2, VARIANTS
 
@@ -49,10 +50,14 @@ def reference(m, A, B, future, mode):
     return logits if mode == "masked" else F.softmax(logits, dim=-1)
 
 
+FAST = True  # the `path` fixture sets it: dape_torch.py's residual_f (True) or dape.py's plain form (False)
+
+
 def run(m, A, B, future, mode):
+    residual_f = functools.partial(dape_torch.residual_f, m) if FAST else None
     if mode == "probs":
-        return m.probs(A, B, future)
-    return m(A, B, future, mask_future=mode == "masked")
+        return m.probs(A, B, future, residual_f)
+    return m(A, B, future, mask_future=mode == "masked", residual_f=residual_f)
 
 
 def outputs_and_grads(m, A0, B0, G, future, mode, fn, dtype):
@@ -114,7 +119,7 @@ def path(request, monkeypatch):
     elif request.param == "whole-maps":
         monkeypatch.setattr(dape_torch, "use_tiles", lambda x: False)
     else:
-        monkeypatch.setattr(dape._DAPE, "fast", False)
+        monkeypatch.setattr(sys.modules[__name__], "FAST", False)
     return request.param
 
 
@@ -148,16 +153,17 @@ def test_any_tiling_gives_the_same_result(monkeypatch, tile_pairs):
 def test_a_broadcast_bias_of_batch_one():
     m = module("v2k3", "concat_residual", True)
     A, B, future = maps(2, 7, 7, "shared", t0=0)
-    torch.testing.assert_close(m.probs(A, B[None], future), m.probs(A, B, future), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(run(m, A, B[None], future, "probs"), run(m, A, B, future, "probs"), atol=1e-6,
+                               rtol=1e-6)
 
 
 def test_bf16_inputs_are_computed_in_float32():
     m = module("v1", "concat_residual", True)
     A, B, future = maps(2, 6, 6, "shared", t0=0)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = m.probs(A.bfloat16(), B, future)
+        out = run(m, A.bfloat16(), B, future, "probs")
     assert out.dtype == torch.float32
-    torch.testing.assert_close(out, m.probs(A.bfloat16().float(), B, future), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(out, run(m, A.bfloat16().float(), B, future, "probs"), atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -166,7 +172,7 @@ def test_float64_runs_in_float64(kind):
     m = module(kind, "concat_residual", True).double()
     A, B, future = maps(2, 7, 7, "shared", t0=0)
     A, B = A.double().requires_grad_(), B.double()
-    out = m.probs(A, B, future)
+    out = run(m, A, B, future, "probs")
     assert out.dtype == torch.float64
     torch.testing.assert_close(out, reference(m, A, B, future, "probs"), atol=1e-12, rtol=1e-12)
     out.sum().backward()
@@ -176,7 +182,7 @@ def test_float64_runs_in_float64(kind):
 @pytest.mark.parametrize("kind", KINDS)
 def test_recomputing_the_hidden_map_in_backward(monkeypatch, kind):
     """save_hidden = False (less memory in training): the backward pass recomputes h, same gradients."""
-    monkeypatch.setattr(dape._DAPE, "save_hidden", False)
+    monkeypatch.setattr(dape_torch, "SAVE_HIDDEN", False)
     monkeypatch.setattr(dape_torch, "TILE_PAIRS", 40)
     m = module(kind, "concat_residual", True)
     A, B, future = maps(3, 9, 9, "shared", t0=0)

@@ -522,6 +522,8 @@ def test_welch_matches_scipy_on_random_inputs():
     dict(pos='cope', dape='v2'),
     dict(pos='xl', dape='none'),
     dict(pos='kerple', dape='none'),
+    dict(pos='fox', dape='v1'),
+    dict(pos='fox', dape='none'),
 ])
 def test_visualized_terms_reproduce_the_layer(kw):
     """A, B and f recomputed for chosen query rows give back the layer's actual output, and the terms
@@ -533,13 +535,14 @@ def test_visualized_terms_reproduce_the_layer(kw):
     for layer in (0, 1):
         c = caps[layer]
         rows = [0, 17, 49]
-        t = model.transformer.h[layer].attn.terms(c['x'], c['pe'], c['pos_q'], rows)
+        t = V.layer_terms(model.transformer.h[layer].attn, c['x'], c['pe'], c['pos_q'], rows)
         torch.testing.assert_close(t['out'], c['out'][0, rows], rtol=1e-4, atol=1e-6)
         torch.testing.assert_close(t['att'].sum(-1), torch.ones(2, 3))
         assert (t['att'][:, 0, 1:] == 0).all()  # causal: row 0 sees key 0 only
         if kw['dape'] == 'none':
             assert t['f'] is None
-        if kw.get('dape_variant', 'concat_residual') == 'concat_residual' and kw['pos'] in ('kerple',) and t['f'] is not None:
+        if kw.get('dape_variant', 'concat_residual') == 'concat_residual' and kw['pos'] in ('kerple', 'fox') and \
+                t['f'] is not None:
             torch.testing.assert_close(t['logits'], t['A'] + t['B'] + t['f'])
         if kw['pos'] == 'rope':
             assert t['B'] is None

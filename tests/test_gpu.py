@@ -72,11 +72,13 @@ def test_compiled_kernels_match_the_reference(case, dtype):
             assert off < 0.05, f"{name}: {100 * off:.1f}% of elements differ from reference_rounded"
 
 
+@pytest.mark.parametrize("pos", ["kerple", "fox"])
 @pytest.mark.parametrize("dape_name", ["v1", "v2"])
-def test_the_models_fused_path_trains_like_its_pytorch_path(dape_name):
-    """20 AdamW steps in bfloat16 autocast, dape_impl='auto' (the kernels, after their self-check) against
-    dape_impl='torch', from the same weights and batches: the same losses within 2%, and the kernels used."""
-    cfg = dict(block_size=128, vocab_size=256, n_layer=2, n_head=12, n_embd=768, pos="kerple", dape=dape_name)
+def test_the_models_fused_path_trains_like_its_pytorch_path(dape_name, pos):
+    """20 AdamW steps in bfloat16 autocast, dape_impl='auto' (the kernels, once they have matched dape.py)
+    against dape_impl='torch', from the same weights and batches: the same losses within 2%, and the kernels
+    used; with Kerple's bias map and with FoX's terms."""
+    cfg = dict(block_size=128, vocab_size=256, n_layer=2, n_head=12, n_embd=768, pos=pos, dape=dape_name)
     torch.manual_seed(0)
     models = {impl: GPT(GPTConfig(**cfg, dape_impl=impl)).cuda() for impl in ("auto", "torch")}
     models["torch"].load_state_dict(models["auto"].state_dict())
@@ -98,7 +100,7 @@ def test_the_models_fused_path_trains_like_its_pytorch_path(dape_name):
                 losses[impl].append(loss.item())
     finally:
         dape_triton.attention = real
-    assert calls, "the fused kernels were not used (see the warning: the self-check failed?)"
+    assert calls, "the fused kernels were not used (see the warning: the check against dape.py failed?)"
     for step, (a, b) in enumerate(zip(losses["auto"], losses["torch"])):
         assert abs(a - b) <= 0.02 * abs(b), (step, losses)
 
@@ -117,15 +119,22 @@ def test_kv_cache_decoding_through_the_kernels():
     torch.testing.assert_close(torch.cat(steps, 1), full[:, 9:], rtol=1e-4, atol=1e-4)  # positions 9 .. 89
 
 
-def test_the_self_check_passes_here():
-    """dape_impl='auto' keeps the kernels on this GPU: the self-check agrees for the kinds of calls the
-    125M configs make (bfloat16, V1 and V2, Kerple's bias with its gradient, causal)."""
-    for dape_name in ("v1", "v2"):
-        m = GPT(GPTConfig(block_size=128, vocab_size=256, n_layer=1, n_head=12, n_embd=768, pos="kerple",
-                          dape=dape_name)).cuda()
-        x = torch.randint(0, 256, (2, 128)).cuda()
-        with torch.autocast("cuda", torch.bfloat16):
-            m(x, x)[1].backward()
-    failed = {k: v for k, v in dape_triton._CHECKS.items() if v is not None}
+def test_the_check_passes_here():
+    """dape_impl='auto' keeps the kernels on this GPU: the check against dape.py runs and agrees for the kinds
+    of calls the 125M configs make (bfloat16, V1 and V2, Kerple's bias map and FoX's terms with their
+    gradients, causal), and again at a ragged length."""
+    import dape_paths
+    dape_paths.VERDICTS.clear()
+    for pos in ("kerple", "fox"):
+        for dape_name in ("v1", "v2"):
+            m = GPT(GPTConfig(block_size=128, vocab_size=256, n_layer=1, n_head=12, n_embd=768, pos=pos,
+                              dape=dape_name)).cuda()
+            for T in (128, 77):
+                x = torch.randint(0, 256, (2, T)).cuda()
+                with torch.autocast("cuda", torch.bfloat16):
+                    m(x, x)[1].backward()
+    kernel = {k: v for k, v in dape_paths.VERDICTS.items() if k[0] == "triton"}
+    assert len(kernel) >= 8, "the check did not run for every kind of call"
+    failed = {k: v for k, v in kernel.items() if v is not None}
     assert not failed, failed
     assert math.isfinite(sum(p.grad.float().sum().item() for p in m.parameters() if p.grad is not None))

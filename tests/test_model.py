@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from dape import DAPEV1, DAPEV2, VARIANTS
 from common import load_checkpoint
 from model import GPT, GPTConfig, KVCache
-from positional import ENCODINGS, alibi_slopes, t5_relative_bucket
+from positional import ENCODINGS, alibi_slopes, as_map, t5_relative_bucket
 
 POS = list(ENCODINGS)
 DAPE = ["none", "v1", "v2"]
@@ -88,12 +88,12 @@ def record_query_blocks(monkeypatch):
     """The list that every attention block's number of queries is appended to, from now on."""
     import model as model_module
     seen = []
-    attend_block = model_module.SelfAttention.attend_block
+    scores = model_module.SelfAttention.scores
 
-    def spy(self, q, *args):
+    def spy(self, q, *args, **kw):  # every block of queries, with DAPE or without, asks for its scores
         seen.append(q.shape[2])
-        return attend_block(self, q, *args)
-    monkeypatch.setattr(model_module.SelfAttention, "attend_block", spy)
+        return scores(self, q, *args, **kw)
+    monkeypatch.setattr(model_module.SelfAttention, "scores", spy)
     return seen
 
 
@@ -409,7 +409,7 @@ def test_distances_and_biases_stay_float32_under_autocast():
         with torch.autocast("cpu", dtype=torch.bfloat16):
             # FoX's bias reads its state from the layer's input
             state = pe.state(torch.randn(1, 5, 24)) if pe.reads_input else None
-            b = pe.bias(p, p, q, k, None if state is None else (state, state))
+            b = as_map(pe.bias(p - 3000, p - 3000, q, k, state) if pe.reads_input else pe.bias(p, p, q, k))
             logits, _ = model(idx, idx)
         assert b.dtype == torch.float32, pos
         assert torch.isfinite(logits).all()
@@ -494,10 +494,11 @@ def test_generate_needs_a_causal_model():
 
 @pytest.mark.parametrize("pos, pe_decayed", [
     ("kerple", set()), ("kerple_power", set()), ("xl", {"W_R.weight"}), ("cope", set()),
-    ("fire", {"mlp.0.weight", "mlp.2.weight"}), ("t5", {"table.weight"})])
+    ("fire", {"mlp.0.weight", "mlp.2.weight"}), ("t5", {"table.weight"}), ("fox", {"gate.weight"})])
 def test_optimizer_decays_layer_weights_only(pos, pe_decayed):
-    """Weight decay on Linear, conv and embedding weights; never on biases, norms or the encodings' own
-    parameters, whatever their shape (Kerple's [H, 1, 1] slopes, XL's [H, hs] biases u and v)."""
+    """Weight decay on Linear, conv and embedding weights (the encodings' Linear layers among them: FoX's
+    gate, FIRE's MLP, XL's W_R); never on biases, norms or the encodings' own parameter tensors, whatever
+    their shape (Kerple's [H, 1, 1] slopes, XL's [H, hs] biases u and v)."""
     model = tiny(pos, "v2")
     opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
     decay, no_decay = opt.param_groups

@@ -1,34 +1,87 @@
-"""model.py with DAPE in the fused kernel (dape_triton.py, dape_impl='triton'), run on the CPU through
-Triton's interpreter: the same losses, gradients, blocked evaluation and KV-cache decoding as with the
-PyTorch path (dape_impl='torch'); 'auto' keeps the CPU on the PyTorch path; what the kernel does not cover
-is an error when it is forced."""
+"""How model.py's DAPE attention picks its code (dape_paths.py), run on the CPU, the fused kernel under
+Triton's interpreter: the kernel computes what the PyTorch path computes (losses, gradients, KV-cache
+decoding); dape.py is the definition, so an edit of f runs, and says once that the fast paths stepped
+aside; a fast path is trusted for a kind of call only once it has matched dape.py's plain form there, output
+and every gradient, and a failure or a mismatch sends that kind of call to the next path down with one
+warning (an error where the path was forced); frozen parameters keep the kernel; ranks agree."""
 
+import os
+import subprocess
+import sys
 import warnings
 
 import pytest
 import torch
+import torch.nn as nn
 
 pytest.importorskip("triton")  # without a GPU, conftest.py has set TRITON_INTERPRET=1 before this import
 
+import dape_paths  # noqa: E402
 import dape_triton  # noqa: E402
-import model as model_module  # noqa: E402
 from model import GPT, GPTConfig, KVCache  # noqa: E402
 from triton.runtime.errors import OutOfResources, PTXASError  # noqa: E402
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(block_size=8, vocab_size=32, n_layer=2, n_head=3, n_embd=12, dape_width=6)
 
 
-def pair(**kw):
-    """The same weights with the kernel and with the PyTorch path (weights moved off their init, so that
-    f matters)."""
-    torch.manual_seed(0)
-    fused = GPT(GPTConfig(**TINY, dape_impl="triton", **kw))
-    with torch.no_grad():
-        for p in fused.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    plain = GPT(GPTConfig(**TINY, dape_impl="torch", **kw))
-    plain.load_state_dict(fused.state_dict())
-    return fused, plain
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch):
+    """Every test starts with no verdicts and no warnings given."""
+    monkeypatch.setattr(dape_paths, "VERDICTS", {})
+    monkeypatch.setattr(dape_paths, "_warned", set())
+
+
+@pytest.fixture
+def auto_on_cpu(monkeypatch):
+    """dape_impl='auto' as on a GPU: the kernel (here under Triton's interpreter) where it matches."""
+    monkeypatch.setattr(dape_paths, "KERNEL_DEVICES", ("cuda", "cpu"))
+
+
+def models(impls=("triton", "torch"), **kw):
+    """The same weights, one model per dape_impl (weights moved off their init, so that f matters)."""
+    out = []
+    for impl in impls:
+        torch.manual_seed(0)
+        m = GPT(GPTConfig(**TINY, dape_impl=impl, **kw))
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(0.1 * torch.randn_like(p))
+        if out:
+            m.load_state_dict(out[0].state_dict())
+        out.append(m)
+    return out
+
+
+def counting(monkeypatch, fn=None):
+    """Replace dape_triton.attention by fn (default: itself), counting the calls."""
+    calls = []
+    fn = fn or dape_triton.attention
+    monkeypatch.setattr(dape_triton, "attention", lambda *a, **k: calls.append(k.get("q_offset", 0)) or fn(*a, **k))
+    return calls
+
+
+def train_step(m, x):
+    _, loss = m(x, x)
+    loss.backward()
+    return loss
+
+
+def assert_same_training(a, b, x, rtol=1e-5):
+    torch.testing.assert_close(train_step(a, x), train_step(b, x), rtol=rtol, atol=1e-6)
+    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+        assert (p.grad is None) == (q.grad is None), name
+        if q.grad is None:
+            continue
+        scale = max(q.grad.abs().max().item(), 1e-3)
+        assert (p.grad - q.grad).abs().max().item() / scale < 1e-3, name
+
+
+def no_warnings():
+    ctx = warnings.catch_warnings()
+    ctx.__enter__()
+    warnings.simplefilter("error")
+    return ctx
 
 
 @pytest.mark.parametrize("kw", [dict(pos="kerple", dape="v1"), dict(pos="alibi", dape="v2"),
@@ -36,56 +89,61 @@ def pair(**kw):
                                 dict(pos="fire", dape="v1", dape_variant="add_residual"),
                                 dict(pos="fox", dape="v1"), dict(pos="fox", dape="v2", dape_variant="bias_only")])
 def test_training_step_equals_the_pytorch_path(kw):
-    fused, plain = pair(**kw)
-    x = torch.randint(0, 32, (2, 19))  # past the training length and over two 16-key tiles
-    losses = []
-    for m in (fused, plain):
-        _, loss = m(x, x)
-        loss.backward()
-        losses.append(loss)
-    torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6)
-    for (name, a), b in zip(fused.named_parameters(), plain.parameters()):
-        scale = max(b.grad.abs().max().item(), 1e-3)
-        assert (a.grad - b.grad).abs().max().item() / scale < 1e-3, name
+    fused, torch_path = models(**kw)
+    assert_same_training(fused, torch_path, torch.randint(0, 32, (2, 19)))  # over two 16-key tiles
 
 
-def test_blocked_evaluation_and_kv_cache_use_the_kernel(monkeypatch):
-    fused, plain = pair(pos="kerple", dape="v2")
-    fused.eval(), plain.eval()
+def test_blocked_evaluation_and_kv_cache_decoding_through_the_kernel(monkeypatch):
+    fused, torch_path = models(pos="kerple", dape="v2")
+    fused.eval(), torch_path.eval()
     x = torch.randint(0, 32, (1, 20))
-    with torch.no_grad():
-        fused(x[:, :3])  # the kernel's self-check for this kind of call runs first, once
-    calls = []
-    real = dape_triton.attention
-    monkeypatch.setattr(dape_triton, "attention", lambda *a, **k: calls.append(k["q_offset"]) or real(*a, **k))
-    for m in (fused, plain):
+    for m in (fused, torch_path):
         for block in m.transformer.h:
-            block.attn.attn_chunk = 7  # blocks of queries: 0, 7, 14
+            block.attn.attn_chunk = 7  # the PyTorch path in blocks of 7 queries; the kernel takes all at once
+    calls = counting(monkeypatch)
     with torch.no_grad():
-        a, _ = fused(x, x)
-        b, _ = plain(x, x)
-    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
-    assert sorted(set(calls)) == [0, 7, 14]
-    calls.clear()
-    cache_f, cache_p = KVCache(2), KVCache(2)
-    with torch.no_grad():
+        torch.testing.assert_close(fused(x, x)[0], torch_path(x, x)[0], rtol=1e-4, atol=1e-5)
+        cache_f, cache_p = KVCache(2), KVCache(2)
         for t in range(4):  # a prompt, then one token at a time against the cache
             step = x[:, :5] if t == 0 else x[:, 4 + t:5 + t]
-            a, _ = fused(step, cache=cache_f)
-            b, _ = plain(step, cache=cache_p)
-            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(fused(step, cache=cache_f)[0], torch_path(step, cache=cache_p)[0],
+                                       rtol=1e-4, atol=1e-5)
     assert 5 in calls and 7 in calls  # the cache steps' queries sit after the cached keys
 
 
 def test_auto_keeps_the_cpu_on_the_pytorch_path(monkeypatch):
     monkeypatch.setattr(dape_triton, "attention", lambda *a, **k: pytest.fail("the kernel ran on the CPU"))
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(**TINY, pos="kerple", dape="v1"))
-    model(torch.randint(0, 32, (1, 9)), torch.randint(0, 32, (1, 9)))
+    m, = models(("auto",), pos="kerple", dape="v1")
+    train_step(m, torch.randint(0, 32, (1, 9)))
 
 
-@pytest.mark.parametrize("kw,why", [(dict(pos="cope", dape="v1"), "depend on the content"),
-                                    (dict(pos="xl", dape="v1"), "depend on the content"),
+def test_auto_is_not_refused_where_triton_cannot_run():
+    """Without Triton's interpreter (a CPU machine as it is, not as the tests set it), 'auto' trains on the
+    PyTorch path and train.py accepts it; 'triton' is the one-line error."""
+    script = """
+import warnings, torch
+warnings.simplefilter("error")
+from model import GPT, GPTConfig
+import train
+from types import SimpleNamespace
+cfg = dict(block_size=8, vocab_size=32, n_layer=1, n_head=2, n_embd=8, pos="kerple", dape="v1")
+m = GPT(GPTConfig(**cfg))
+x = torch.randint(0, 32, (1, 9))
+m(x, x)[1].backward()
+train.check_dape_impl(SimpleNamespace(**GPTConfig(**cfg).__dict__), "cpu", torch.float32, False)
+try:
+    train.check_dape_impl(SimpleNamespace(**GPTConfig(**cfg, dape_impl="triton").__dict__), "cpu", torch.float32, False)
+except train.ConfigError as e:
+    print("refused:", e)
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    p = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.startswith("refused: dape_impl=triton cannot run here: tensors on cpu"), p.stdout
+
+
+@pytest.mark.parametrize("kw,why", [(dict(pos="cope", dape="v1"), "CoPE, whose logits depend on the content"),
+                                    (dict(pos="xl", dape="v1"), "XLRelative, whose logits depend on the content"),
                                     (dict(pos="kerple", dape="v1", dropout=0.1), "dropout")])
 def test_forcing_the_kernel_where_it_does_not_apply_is_an_error(kw, why):
     model = GPT(GPTConfig(**TINY, dape_impl="triton", **kw))
@@ -96,62 +154,27 @@ def test_forcing_the_kernel_where_it_does_not_apply_is_an_error(kw, why):
 
 def test_a_model_with_dropout_uses_the_kernel_in_eval(monkeypatch):
     """Attention dropout keeps training on the PyTorch path; evaluation, which has none, takes the kernel."""
-    fused, plain = pair(pos="kerple", dape="v1", dropout=0.1)
-    calls = []
-    real = dape_triton.attention
-    monkeypatch.setattr(dape_triton, "attention", lambda *a, **k: calls.append(1) or real(*a, **k))
-    fused.eval(), plain.eval()
+    fused, torch_path = models(pos="kerple", dape="v1", dropout=0.1)
+    calls = counting(monkeypatch)
+    fused.eval(), torch_path.eval()
     x = torch.randint(0, 32, (1, 9))
     with torch.no_grad():
-        torch.testing.assert_close(fused(x, x)[1], plain(x, x)[1], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(fused(x, x)[1], torch_path(x, x)[1], rtol=1e-5, atol=1e-6)
     assert calls
 
 
-@pytest.fixture
-def auto_on_cpu(monkeypatch):
-    """dape_impl='auto' as on a GPU: the kernel (here under Triton's interpreter) once it passes its
-    self-check; fresh self-check results and warnings."""
-    monkeypatch.setattr(model_module, "FUSED_DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(dape_triton, "_CHECKS", {})
-    monkeypatch.setattr(model_module, "_warned", set())
-
-
-def counting(monkeypatch, fn=None):
-    """Replace dape_triton.attention by fn (default: itself), counting the calls."""
-    calls = []
-    fn = fn or dape_triton.attention
-    monkeypatch.setattr(dape_triton, "attention", lambda *a, **k: calls.append(1) or fn(*a, **k))
-    return calls
-
-
-def train_step(m, x):
-    _, loss = m(x, x)
-    loss.backward()
-    return loss
-
-
-def test_auto_uses_the_kernel_once_it_passes_its_self_check(auto_on_cpu, monkeypatch):
-    fused, plain = pair(pos="alibi", dape="v2")
-    fused.config.dape_impl = "auto"
-    for block in fused.transformer.h:
-        block.attn.dape_impl = "auto"
+def test_auto_uses_the_kernel_once_it_has_matched_the_plain_form(auto_on_cpu, monkeypatch):
+    fused, torch_path = models(("auto", "torch"), pos="alibi", dape="v2")
     calls = counting(monkeypatch)
     x = torch.randint(0, 32, (2, 19))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no fallback, no warning
-        torch.testing.assert_close(train_step(fused, x), train_step(plain, x), rtol=1e-5, atol=1e-6)
-    checks = len(calls)
-    assert checks >= 3  # the self-check's runs (a KV-cache step, a sequence), then the model's layers
+        assert_same_training(fused, torch_path, x)
+    assert len(calls) == 1 + fused.config.n_layer  # the check's run, then the model's layers
     train_step(fused, x)
-    assert len(calls) == checks + fused.config.n_layer  # checked once: later steps only run the layers
-    assert len(dape_triton._CHECKS) == 1 and None in dape_triton._CHECKS.values()
-
-
-def auto_pair(**kw):
-    fused, plain = pair(**kw)
-    for block in fused.transformer.h:
-        block.attn.dape_impl = "auto"
-    return fused, plain
+    assert len(calls) == 1 + 2 * fused.config.n_layer  # checked once: later steps only run the layers
+    kernel = [v for k, v in dape_paths.VERDICTS.items() if k[0] == "triton"]
+    assert kernel == [None]
 
 
 FAILURES = {  # how the kernels can fail on a GPU, and what the warning then names
@@ -162,50 +185,257 @@ FAILURES = {  # how the kernels can fail on a GPU, and what the warning then nam
 }
 
 
-def out_of_shared_memory(monkeypatch, failure="shared memory"):
+def failing_launches(monkeypatch, failure="shared memory"):
     """Every launch fails, by default as it would on a GPU with less shared memory than the kernel needs."""
     def launch(*a, **k):
         raise FAILURES[failure][0]
     monkeypatch.setattr(dape_triton, "_forward_launch", launch)
 
 
-def falls_back_once(fused, plain, x, message):
-    """Two training steps of each model: equal losses, and exactly one warning matching message."""
+def falls_back_once(fused, torch_path, x, message):
+    """Two training steps of each model: the same results, and exactly one warning matching message."""
     with pytest.warns(UserWarning, match=message) as seen:
         for _ in range(2):
-            torch.testing.assert_close(train_step(fused, x), train_step(plain, x), rtol=1e-6, atol=1e-7)
-    assert len([w for w in seen if "fused kernel" in str(w.message)]) == 1
+            for m in (fused, torch_path):
+                m.zero_grad(set_to_none=True)
+            assert_same_training(fused, torch_path, x, rtol=1e-6)
+    assert len([w for w in seen if "DAPE" in str(w.message)]) == 1, [str(w.message) for w in seen]
 
 
 @pytest.mark.parametrize("failure", list(FAILURES))
 def test_a_kernel_that_cannot_run_falls_back_with_one_warning(auto_on_cpu, monkeypatch, failure):
     """Kernels that fail (more shared memory than the GPU has, a compile error, a failed launch) send every call
-    of that kind to the PyTorch path, with one warning naming the cause; the results are the PyTorch path's."""
-    out_of_shared_memory(monkeypatch, failure)
+    of that kind to the PyTorch path, with one warning naming the cause."""
+    failing_launches(monkeypatch, failure)
     calls = counting(monkeypatch)
-    fused, plain = auto_pair(pos="kerple", dape="v1")
-    falls_back_once(fused, plain, torch.randint(0, 32, (2, 19)),
-                    rf"failed its self-check on this device \({FAILURES[failure][1]}.*: using the PyTorch path")
-    assert len(calls) == 1  # the self-check's first run, and nothing after it
-    for (name, a), b in zip(fused.named_parameters(), plain.parameters()):
-        torch.testing.assert_close(a.grad, b.grad, rtol=1e-6, atol=1e-7, msg=name)
+    fused, torch_path = models(("auto", "torch"), pos="kerple", dape="v1")
+    falls_back_once(fused, torch_path, torch.randint(0, 32, (2, 19)),
+                    rf"DAPE: the fused kernel failed \({FAILURES[failure][1]}.*: running the PyTorch path")
+    assert len(calls) == 1  # the check's run, and nothing after it
 
 
 def test_a_kernel_that_disagrees_falls_back_with_one_warning(auto_on_cpu, monkeypatch):
-    """Kernels that run but compute something else (a miscompile) fail the comparison with the PyTorch path."""
+    """Kernels that run but compute something else (a miscompile) fail the comparison with the plain form."""
     real = dape_triton.attention
     calls = counting(monkeypatch, lambda *a, **k: 1.1 * real(*a, **k))
-    fused, plain = auto_pair(pos="t5", dape="v2")
-    falls_back_once(fused, plain, torch.randint(0, 32, (1, 19)),
-                    r"failed its self-check on this device \(y \(one KV-cache step\) differs from the PyTorch "
-                    r"path by 0.1 of its size")
+    fused, torch_path = models(("auto", "torch"), pos="t5", dape="v2")
+    falls_back_once(fused, torch_path, torch.randint(0, 32, (1, 19)),
+                    r"DAPE: the fused kernel's y differs from the plain form by 0.1 of its size")
     assert len(calls) == 1
 
 
-def test_forcing_a_kernel_that_fails_its_self_check_is_an_error(auto_on_cpu, monkeypatch):
-    out_of_shared_memory(monkeypatch)
-    fused, _ = pair(pos="kerple", dape="v1")  # dape_impl='triton'
+def test_a_later_launch_that_fails_falls_back_or_raises(auto_on_cpu, monkeypatch):
+    """A real launch that raises after the check passed: under auto the same as a failed check; forced, the
+    error itself."""
+    real = dape_triton.attention
+    runs = []
+
+    def fails_after_the_check(*a, **k):
+        runs.append(1)
+        if len(runs) > 1:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return real(*a, **k)
+    monkeypatch.setattr(dape_triton, "attention", fails_after_the_check)
+    fused, torch_path = models(("auto", "torch"), pos="kerple", dape="v1")
+    falls_back_once(fused, torch_path, torch.randint(0, 32, (2, 19)),
+                    r"DAPE: the fused kernel failed \(RuntimeError: CUDA error.*: running the PyTorch path")
+    runs.clear()
+    forced, = models(("triton",), pos="kerple", dape="v1")
+    dape_paths.VERDICTS.clear()
+    with pytest.raises(RuntimeError, match="CUDA error"):
+        train_step(forced, torch.randint(0, 32, (2, 19)))
+
+
+def test_forcing_a_kernel_that_fails_its_check_is_an_error(monkeypatch):
+    failing_launches(monkeypatch)
+    fused, = models(("triton",), pos="kerple", dape="v1")
     x = torch.randint(0, 32, (1, 5))
-    with pytest.raises(ValueError, match=r"dape_impl='triton' cannot run here: its self-check failed on this "
-                                         r"device \(OutOfResources"):
+    with pytest.raises(ValueError, match=r"dape_impl='triton' cannot run here: the fused kernel failed "
+                                         r"\(OutOfResources"):
         fused(x, x)
+
+
+# An error in one gradient of the kernel's backward pass: (its position in _Attention.backward's outputs,
+# the model, the name the check reports)
+GRADIENT_ERRORS = {
+    "dk": (1, dict(pos="kerple", dape="v1"), "dk"),
+    "dbias": (3, dict(pos="kerple", dape="v1"), "dbias"),
+    "du": (4, dict(pos="fox", dape="v1"), "du"),
+    "dw": (5, dict(pos="fox", dape="v2"), "dw"),
+    "dw1": (6, dict(pos="kerple", dape="v1"), r"df\.mlp\.0\.weight"),
+    "db1": (7, dict(pos="alibi", dape="v2"), r"df\.conv1\.bias"),
+}
+
+
+def plant_gradient_error(monkeypatch, index, when=lambda ctx: True):
+    real = dape_triton._Attention.backward
+
+    def backward(ctx, dy):
+        grads = list(real(ctx, dy))
+        if when(ctx) and grads[index] is not None:
+            grads[index] = 1.5 * grads[index]
+        return tuple(grads)
+    monkeypatch.setattr(dape_triton._Attention, "backward", staticmethod(backward))
+
+
+@pytest.mark.parametrize("case", list(GRADIENT_ERRORS))
+def test_an_error_that_only_a_gradient_shows_is_caught(auto_on_cpu, monkeypatch, case):
+    """The check compares every gradient, each under its own name: an error in one alone is named, and the
+    model then trains as the PyTorch path does."""
+    index, kw, name = GRADIENT_ERRORS[case]
+    plant_gradient_error(monkeypatch, index)
+    fused, torch_path = models(("auto", "torch"), **kw)
+    falls_back_once(fused, torch_path, torch.randint(0, 32, (2, 19)), rf"the fused kernel's {name} differs")
+
+
+@pytest.mark.parametrize("pos", ["kerple", "fox"])
+def test_frozen_f_and_frozen_encoding_keep_the_kernel(auto_on_cpu, monkeypatch, pos):
+    """The first ablations anyone tries: f frozen, or the encoding's parameters frozen (FoX's gate: its bias
+    still needs a gradient, which flows into the residual stream). The kernel stays in use with no warning,
+    and trains as the PyTorch path does."""
+    fused, torch_path = models(("auto", "torch"), pos=pos, dape="v1")
+    for m in (fused, torch_path):
+        m.transformer.h[0].attn.dape.requires_grad_(False)
+        m.pe.requires_grad_(False)
+    calls = counting(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same_training(fused, torch_path, torch.randint(0, 32, (2, 19)))
+    assert len(calls) > fused.config.n_layer
+    assert fused.transformer.h[0].attn.dape.mlp[0].weight.grad is None
+
+
+def test_a_frozen_gate_still_has_its_bias_gradient_checked(auto_on_cpu, monkeypatch):
+    plant_gradient_error(monkeypatch, GRADIENT_ERRORS["du"][0])
+    fused, torch_path = models(("auto", "torch"), pos="fox", dape="v1")
+    for m in (fused, torch_path):
+        m.pe.requires_grad_(False)
+    falls_back_once(fused, torch_path, torch.randint(0, 32, (2, 19)), r"the fused kernel's du differs")
+
+
+def test_a_check_without_gradients_does_not_vouch_for_training(auto_on_cpu, monkeypatch):
+    """An evaluation call first (no gradients to compare), then training: training is a kind of its own."""
+    plant_gradient_error(monkeypatch, GRADIENT_ERRORS["dk"][0])
+    fused, torch_path = models(("auto", "torch"), pos="kerple", dape="v1")
+    x = torch.randint(0, 32, (2, 19))
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fused(x, x)
+    falls_back_once(fused, torch_path, x, r"the fused kernel's dk differs")
+
+
+def test_a_float32_check_does_not_vouch_for_bfloat16(auto_on_cpu, monkeypatch):
+    real = dape_triton.attention
+    counting(monkeypatch, lambda q, *a, **k: (1.5 if q.dtype == torch.bfloat16 else 1.0) * real(q, *a, **k))
+    fused, = models(("auto",), pos="kerple", dape="v1")
+    x = torch.randint(0, 32, (1, 9))
+    with torch.no_grad():
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            fused(x, x)
+        with pytest.warns(UserWarning, match=r"the fused kernel's y differs"), torch.autocast("cpu", torch.bfloat16):
+            fused(x, x)
+
+
+@pytest.mark.parametrize("pos,form", [("kerple", "map"), ("fox", "terms")])
+def test_the_check_runs_the_bias_as_the_model_gives_it(auto_on_cpu, monkeypatch, pos, form):
+    """A kernel wrong only for one form of the bias (a map, or FoX's terms) is caught by a model whose
+    encoding gives that form."""
+    real = dape_triton.attention
+    wrong = lambda q, k, v, bias, *a, **kw: (1.5 if isinstance(bias, tuple) == (form == "terms") else 1.0) * \
+        real(q, k, v, bias, *a, **kw)
+    counting(monkeypatch, wrong)
+    fused, torch_path = models(("auto", "torch"), pos=pos, dape="v1")
+    falls_back_once(fused, torch_path, torch.randint(0, 32, (2, 19)), r"the fused kernel's y differs")
+
+
+# -----------------------------------------------------------------------------
+# dape.py is what runs
+
+
+def edit_f(model, dape):
+    """What a reader's edit of dape.py does: LeakyReLU replaced by GELU in f."""
+    for block in model.transformer.h:
+        if dape == "v1":
+            block.attn.dape.mlp[1] = nn.GELU()
+        else:
+            block.attn.dape.act = nn.GELU()
+
+
+@pytest.mark.parametrize("where", ["cpu", "kernel"])
+@pytest.mark.parametrize("dape", ["v1", "v2"])
+def test_an_edit_of_f_runs_and_says_so_once(monkeypatch, where, dape):
+    """GELU in f: the model computes GELU (the plain form's logits, not the unedited model's), with one
+    warning that the fast paths stepped aside; on the CPU path and where auto would take the kernel."""
+    if where == "kernel":
+        monkeypatch.setattr(dape_paths, "KERNEL_DEVICES", ("cuda", "cpu"))
+    edited, plain, unedited = models(("auto", "plain", "auto"), pos="kerple", dape=dape)
+    edit_f(edited, dape)
+    edit_f(plain, dape)
+    x = torch.randint(0, 32, (2, 19))
+    with torch.no_grad():
+        before = unedited(x, x)[0]
+        with pytest.warns(UserWarning) as seen:
+            for _ in range(2):
+                after = edited(x, x)[0]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            want = plain(x, x)[0]
+    messages = [str(w.message) for w in seen if "DAPE" in str(w.message)]
+    assert len(messages) == 1 and messages[0].startswith("DAPE: f in dape.py differs from the fast paths' "
+                                                         "(dape_torch.py and dape_triton.py compute it from "
+                                                         "weights(); edited?)"), messages
+    assert messages[0].endswith("running the plain form (dape.py) for these calls")
+    torch.testing.assert_close(after, want, rtol=1e-5, atol=1e-6)
+    assert (after - before).abs().max() > 1e-3
+
+
+def test_forcing_a_fast_path_on_an_edited_f_is_an_error():
+    for impl in ("torch", "triton"):
+        m, = models((impl,), pos="kerple", dape="v1")
+        edit_f(m, "v1")
+        x = torch.randint(0, 32, (1, 9))
+        with pytest.raises(ValueError, match=rf"dape_impl='{impl}' cannot run here: f in dape.py differs"):
+            m(x, x)
+
+
+# -----------------------------------------------------------------------------
+# ranks agree
+
+
+DDP_SCRIPT = """
+import os, sys, torch, torch.distributed as dist
+sys.path.insert(0, {root!r})
+import dape_paths, dape_triton
+from model import GPT, GPTConfig
+rank = int(sys.argv[1])
+dist.init_process_group("gloo", init_method="file://" + {store!r}, rank=rank, world_size=2)
+dape_paths.KERNEL_DEVICES = ("cuda", "cpu")
+if rank == 1:  # this rank's kernel disagrees
+    real = dape_triton.attention
+    dape_triton.attention = lambda *a, **k: 1.5 * real(*a, **k)
+torch.manual_seed(0)
+m = GPT(GPTConfig(block_size=8, vocab_size=32, n_layer=1, n_head=2, n_embd=8, pos="kerple", dape="v1",
+                  dape_impl={impl!r}))
+x = torch.randint(0, 32, (1, 9))
+try:
+    m(x, x)[1].backward()
+    print("ran", [v is None for k, v in dape_paths.VERDICTS.items() if k[0] == "triton"])
+except ValueError as e:
+    print("error", str(e)[:60])
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("impl", ["auto", "triton"])
+def test_ranks_agree_on_the_path(tmp_path, impl):
+    """Two ranks, one of whose kernel disagrees: under auto both step down (neither waits for the other in
+    a collective the other never makes); forced, both raise."""
+    script = DDP_SCRIPT.format(root=ROOT, store=str(tmp_path / "store"), impl=impl)
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(r)], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    lines = [o[0].strip().splitlines()[-1] for o in outs]
+    want = "ran [False]" if impl == "auto" else "error dape_impl='triton' cannot run here: the"
+    assert all(line.startswith(want) for line in lines), lines

@@ -245,7 +245,7 @@ def test_forcing_the_fused_kernel_where_it_cannot_run_is_one_line(tmp_path):
     assert p.stderr.startswith('config error: dape_impl=triton cannot run here: '), p.stderr
     assert 'cpu' in p.stderr or 'Triton is not installed' in p.stderr, p.stderr
     assert not os.path.exists(out)
-    with pytest.raises(ConfigError, match=r"dape_impl=triton cannot run here: pos=cope \(its logits depend"):
+    with pytest.raises(ConfigError, match=r"dape_impl=triton cannot run here: CoPE, whose logits depend"):
         train.train(TINY, dataset='missing', data_root=str(tmp_path), out_dir=str(out), pos='cope', dape='v1',
                     dape_impl='triton')
 
