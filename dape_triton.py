@@ -64,11 +64,11 @@ and DP (f's width) padded to powers of two >= 16 so that every tl.dot has K >= 1
 masked loads keep the padding inert). That is many registers per (query, key) pair, so the tiles are small:
 16 x 16 pairs. The shared memory a program needs differs little between architectures, but what a block
 may use does: 163 KB on an A100 (sm_80), 99 KB on the A10, A40, RTX 30xx/40xx, L4 and L40S (sm_86, sm_89),
-227 KB on an H100 (sm_90). CONFIGS holds the launch settings per compute capability, chosen by compiling
-every kernel for every architecture on a CPU (Triton's compiler and ptxas need no GPU: bench.py
---sections=fit prints the shared memory, registers and spills, tests/test_dape_triton.py asserts the fit,
-and the README lists them). The limits of the kernels' shapes are MAX_* below; unavailable(q) says what is
-too large, and the model then uses its PyTorch path.
+227 KB on an H100 (sm_90). CONFIG holds the launch settings, chosen by compiling every kernel for every
+architecture on a CPU (Triton's compiler and ptxas need no GPU: bench.py --sections=fit prints the shared
+memory, registers and spills of every combination, docs/gpu.md lists them, and tests/test_dape_triton.py
+compiles the tightest shapes for sm_86 and asserts that they fit). The limits of the kernels' shapes are
+MAX_* below; unavailable(q) says what is too large, and the model then uses its PyTorch path.
 
 Dtypes. float32 inputs: every tl.dot in IEEE float32 (exact to float32 rounding; no TF32). float16 /
 bfloat16 inputs (autocast): every tl.dot operand is rounded to that dtype (_lo), with float32 accumulation;
@@ -83,10 +83,10 @@ TRITON_INTERPRET when it decorates a function, so the functions below are decora
 rather than at import: a process that imports this module early (model.py does) and sets the variable
 later still gets interpreted kernels.
 
-Where the kernels could fail on a GPU no session has run them on, they check themselves: with dape_impl=auto
-the model calls self_check() once per kind of call (dtype, variant, bias, mask, shapes) and uses its PyTorch
-path, with one warning naming the cause, if the kernels fail or disagree with that path. compile_for()
-compiles them for any NVIDIA architecture without a GPU (shared memory, registers, spills).
+Whether the kernels can be trusted on a GPU no session has run them on is decided outside this file:
+dape_paths.py compares them with dape.py's plain form at the first call of each kind and takes the PyTorch
+path, with one warning naming the cause, where they fail or disagree. compile_for() compiles them for any
+NVIDIA architecture without a GPU (shared memory, registers, spills).
 """
 
 from __future__ import annotations  # the kernels' tl.constexpr annotations stay strings without triton
@@ -109,22 +109,16 @@ else:
 VARIANTS = ("concat_residual", "concat", "add_residual", "bias_only")  # as in dape.py
 SLOPE = 0.01  # LeakyReLU's negative slope (dape.py, PyTorch's default)
 
-# Launch settings per compute capability: tile (block_m queries x block_n keys), the chunk of the head size
-# that each QK^T / dP / dq / dk / dv product takes (ec), the chunk of v a forward program accumulates (ev),
-# the heads per group (hg), f's hidden channels per block (dc, V1), warps, pipeline stages and the register cap
-# (without one, ptxas capped V2's backward at 128 registers and spilled twice as much). Found by compiling for
-# each architecture on the CPU (bench.py --sections=fit; the README has the table): every kernel at every
-# shape the models use fits the architecture's shared memory per block, and these settings spilled least on
-# each of them (warps 4, 8, 16 and chunks 16, 32, 64 tried at the 125M shape), hence one entry four times.
-# One stage: the key loop is bound by arithmetic rather than loads, and pipelining would keep several copies
-# of V2's shifted key and bias tiles in shared memory. A capability not listed takes the entry of the nearest
-# listed one below it (or the first), and the self-check guards it.
-CONFIGS = {
-    (8, 0): dict(block_m=16, block_n=16, ec=16, ev=64, hg=16, dc=16, warps=8, stages=1, maxnreg=255),  # A100, A30
-    (8, 6): dict(block_m=16, block_n=16, ec=16, ev=64, hg=16, dc=16, warps=8, stages=1, maxnreg=255),  # A10, RTX 30xx
-    (8, 9): dict(block_m=16, block_n=16, ec=16, ev=64, hg=16, dc=16, warps=8, stages=1, maxnreg=255),  # L4, RTX 40xx
-    (9, 0): dict(block_m=16, block_n=16, ec=16, ev=64, hg=16, dc=16, warps=8, stages=1, maxnreg=255),  # H100, H200
-}
+# Launch settings: tile (block_m queries x block_n keys), the chunk of the head size that each QK^T / dP / dq /
+# dk / dv product takes (ec), the chunk of v a forward program accumulates (ev), the heads per group (hg), f's
+# hidden channels per block (dc, V1), warps, pipeline stages and the register cap (without one, ptxas capped
+# V2's backward at 128 registers and spilled twice as much). Found by compiling for sm_80, sm_86, sm_89 and
+# sm_90 on the CPU (bench.py --sections=fit; docs/gpu.md has the table): every kernel at every shape the
+# models use fits each architecture's shared memory per block, and these settings spilled least on every one
+# of them (warps 4, 8, 16 and chunks 16, 32, 64 tried at the 125M shape), so one setting serves all. One
+# stage: the key loop is bound by arithmetic rather than loads, and pipelining would keep several copies of
+# V2's shifted key and bias tiles in shared memory.
+CONFIG = dict(block_m=16, block_n=16, ec=16, ev=64, hg=16, dc=16, warps=8, stages=1, maxnreg=255)
 INTERPRETER_CONFIG = dict(block_m=16, block_n=16, ec=16, ev=64, hg=16, dc=16, warps=1, stages=1, maxnreg=None)
 # Shared memory per block of each architecture, KB (CUDA's limits for an opt-in allocation).
 SHARED_KB = {80: 163, 86: 99, 89: 99, 90: 227}
@@ -636,12 +630,10 @@ def _pow2(n, least=16):
 
 
 def launch_config(device=None):
-    """The launch settings (a CONFIGS entry) for a CUDA device, or the interpreter's."""
+    """The launch settings for a CUDA device, or the interpreter's."""
     if _interpreting() or device is None or torch.device(device).type != "cuda":
         return dict(INTERPRETER_CONFIG)
-    cap = torch.cuda.get_device_capability(device)
-    below = [c for c in sorted(CONFIGS) if c <= cap]
-    return dict(CONFIGS[below[-1] if below else min(CONFIGS)])
+    return dict(CONFIG)
 
 
 def _check(q, k, v, bias, w1, b1, w2, b2, variant, causal, q_offset, scale, config):
@@ -919,7 +911,7 @@ def attention(q, k, v, bias, w1, b1, w2, b2, variant, causal, q_offset=0, scale=
     query row i when j > q_offset + i (q_offset: the position of the first query, for blocks of queries and
     KV-cache steps). scale: of A, 1 / sqrt(hs) by default. Returns y [B, H, Tq, hs] in v's dtype;
     differentiable in q, k, v, the bias (or u and w) and the weights. config: launch settings overriding
-    launch_config(q.device)'s (keys of CONFIGS' entries)."""
+    launch_config(q.device)'s (keys of CONFIG)."""
     _check(q, k, v, bias, w1, b1, w2, b2, variant, causal, q_offset, scale, config)
     _build()
     if scale is None:
@@ -936,114 +928,6 @@ def attention(q, k, v, bias, w1, b1, w2, b2, variant, causal, q_offset=0, scale=
 
 
 # ---------------------------------------------------------------------------------------------------------
-# trusting the kernels on a GPU they have never run on
-
-# How far the kernels' output and gradients may be from the float32 PyTorch path in the self-check: the
-# root-mean-square of the difference, as a fraction of the tensor's own (at least 1% of the largest of
-# all). float32 agrees to rounding (1e-6 measured under the interpreter); float16 and bfloat16 round every
-# product's operands, through two layers of f, the softmax and their gradients (up to 0.03 and 0.07
-# measured, random weights, 4 and 12 heads, V1 and V2). A broken kernel is off by the tensor's own size.
-TOLERANCE = {torch.float32: 1e-3, torch.float16: 0.1, torch.bfloat16: 0.2}
-_CHECKS = {}  # kind of call -> None (the kernels agreed) or why they cannot be used for it
-
-
-def self_check(module, q, bias_kind, bias_grad, causal):
-    """None when the kernels can be trusted for calls like this one, else why not. module: the layer's DAPE
-    module (dape.py: weights(), variant, probs()); q: the call's queries (device, dtype, heads, head size);
-    bias_kind: None, "map" or "terms" (see attention()); bias_grad: the bias needs its gradient; causal.
-
-    The first call of each kind (those, and whether autograd records) runs the kernels at a tiny size on
-    random inputs, a whole sequence and one KV-cache step, and compares the output and, when autograd
-    records, the gradient of every input and of the module's parameters with the module's PyTorch path
-    (softmax(module.probs(A, bias)) @ v) in float32, within TOLERANCE. Any exception (a compile error,
-    OutOfResources: more shared memory than the GPU has, a failed launch) or a mismatch is the answer for
-    every later call of that kind."""
-    w1 = module.weights()[0]
-    train = torch.is_grad_enabled()
-    key = (str(q.device), q.dtype, q.shape[1], q.shape[3], tuple(w1.shape), module.variant, bias_kind, bias_grad,
-           causal, train)
-    if key not in _CHECKS:
-        try:
-            _CHECKS[key] = _compare(module, q, bias_kind, bias_grad, causal, train)
-        except Exception as e:  # whatever stops the kernels here stops them for every call of the kind
-            text = str(e).strip()
-            _CHECKS[key] = f"{type(e).__name__}" + (f": {text.splitlines()[-1][:300]}" if text else "")
-    return _CHECKS[key]
-
-
-def _compare(module, q, bias_kind, bias_grad, causal, train, Bn=2, T=35):
-    """self_check's comparison: None or the first disagreement."""
-    device, dtype, H, hs = q.device, q.dtype, q.shape[1], q.shape[3]
-    g = torch.Generator().manual_seed(0)
-    rnd = lambda *shape: torch.randn(*shape, generator=g).to(device)
-    q, k, v = (rnd(Bn, T, H, hs).to(dtype).transpose(1, 2) for _ in range(3))  # as the model lays them out
-    if bias_kind == "terms":  # running sums of log forget gates, as FoX's
-        bias = tuple(F.logsigmoid(rnd(Bn, H, T) + 2).cumsum(-1) for _ in range(2))
-    else:
-        bias = rnd(H, T, T) if bias_kind == "map" else None
-    future = torch.ones(T, T, dtype=torch.bool, device=device).triu(1) if causal else None
-    params = list(module.parameters())
-
-    def rows(bias, sel):  # the bias of the query rows sel
-        if bias is None:
-            return None
-        return (bias[0][..., sel], bias[1]) if isinstance(bias, tuple) else bias[:, sel]
-
-    def pytorch(q, k, v, bias, sel):
-        A = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(hs)
-        if isinstance(bias, tuple):
-            bias = bias[0][..., :, None] - bias[1][..., None, :]
-        return module.probs(A, bias, None if future is None else future[sel]) @ v.float()
-
-    with torch.autocast(device.type, enabled=False), torch.set_grad_enabled(train):
-        # a KV-cache step: the last query against every key
-        last = slice(T - 1, T)
-        got = attention(q[:, :, last], k, v, rows(bias, last), *module.weights(), module.variant, causal,
-                        q_offset=T - 1)
-        want = pytorch(q[:, :, last], k, v, rows(bias, last), last)
-        why = _disagreement("y (one KV-cache step)", [got], [want], dtype)
-        if why is not None:
-            return why
-        # a whole sequence, and the gradients
-        leaves = [t.detach().requires_grad_(train) for t in (q, k, v)]
-        bias_leaves = [t.detach().requires_grad_(train and bias_grad)
-                       for t in (bias if isinstance(bias, tuple) else [bias] if bias is not None else [])]
-        call_bias = tuple(bias_leaves) if isinstance(bias, tuple) else bias_leaves[0] if bias_leaves else None
-        results = []
-        for fn in (lambda: attention(*leaves, call_bias, *module.weights(), module.variant, causal),
-                   lambda: pytorch(*leaves, call_bias, slice(None))):
-            y = fn()
-            out = [y.detach().float()]
-            if train:
-                wrt = leaves + [t for t in bias_leaves if t.requires_grad] + params
-                G = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(device)
-                out += [t.float() for t in torch.autograd.grad((y.float() * G).sum(), wrt)]
-            results.append(out)
-    names = ["y", "dq", "dk", "dv"] + ([f"d{n}" for n in (("u", "w") if bias_kind == "terms" else ("bias",))]
-                                       if bias_grad and bias is not None else []) + \
-        [f"d{name}" for name, _ in module.named_parameters()]
-    # b2's gradient is zero in truth (a constant per head, under the softmax): only its size is compared
-    zero = [False] * (len(names) - len(params)) + [p is module.weights()[3] for p in params]
-    return _disagreement(names, *results, dtype, zero)
-
-
-def _disagreement(names, got, want, dtype, zero=None):
-    """None, or which tensor of `got` differs from `want` by more than TOLERANCE[dtype] (see there), or is
-    not finite. zero: tensors that are zero in truth, compared with the largest of all."""
-    names = [names] if isinstance(names, str) else names
-    rms = lambda t: t.norm().item() / t.numel() ** 0.5
-    top = max(rms(w) for w in want)
-    for i, (name, a, b) in enumerate(zip(names, got, want)):
-        if not torch.isfinite(a).all():
-            return f"{name} is not finite"
-        err = rms(a - b) / (top if zero and zero[i] else max(rms(b), 1e-2 * top))
-        if not err <= TOLERANCE[dtype]:
-            return (f"{name} differs from the PyTorch path by {err:.2g} of its size (root mean square; "
-                    f"tolerance {TOLERANCE[dtype]:g} in {str(dtype).removeprefix('torch.')})")
-    return None
-
-
-# ---------------------------------------------------------------------------------------------------------
 # compiling for a GPU without one: what each kernel needs of an architecture
 
 
@@ -1053,7 +937,7 @@ def compile_for(arch, dtype, n_head, head_size, width, kernel_size, variant="con
     ptxas, which need no GPU, specialized exactly as a launch of the model's attention on [batch, n_head, T,
     head_size] inputs of dtype would be (q and k, v transposed views of [batch, T, n_head, head_size]; bias:
     True, a map [H, T, T] shared by the batch, "terms", FoX's pair u, w [batch, H, T], or False). config:
-    launch settings (default: CONFIGS' entry for arch). Returns
+    launch settings (default: CONFIG). Returns
     {"forward": ..., "backward": ...}, each with shared (bytes of shared memory per block), registers (per
     thread), spill_stores and spill_loads (bytes per thread) as ptxas reports them, and mma (tensor-core
     instructions in the SASS). Needs the kernels compiled, not interpreted: run without TRITON_INTERPRET."""
@@ -1071,7 +955,7 @@ def compile_for(arch, dtype, n_head, head_size, width, kernel_size, variant="con
         raise RuntimeError(_IMPORT_ERROR)
     if _build() != "compile":
         raise RuntimeError("compile_for needs the kernels compiled: run it without TRITON_INTERPRET=1")
-    launch = dict(CONFIGS[(arch // 10, arch % 10)], **(config or {}))
+    launch = dict(CONFIG, **(config or {}))
     g = torch.Generator().manual_seed(0)
     qkv = [torch.randn(batch, T, n_head, head_size, generator=g).to(dtype).transpose(1, 2) for _ in range(3)]
     q, k, v = qkv
@@ -1119,13 +1003,25 @@ def compile_for(arch, dtype, n_head, head_size, width, kernel_size, variant="con
 
 
 def source_hash():
-    """A fingerprint of everything that decides what the compiled kernels are: their source, the launch
-    settings and how the launches are built, and Triton's version. Tables of compiled kernels (bench.py
-    --sections=fit) record it, so that a test can tell when they describe other kernels."""
+    """A fingerprint of everything that decides what the compiled kernels are: their code, the launch settings
+    and how the launches are built, and Triton's version; not their comments or docstrings, which compile to
+    nothing. Tables of compiled kernels (bench.py --sections=fit) record it, so that a test can tell when they
+    describe other kernels."""
+    import ast
     import hashlib
     import inspect
-    parts = [inspect.getsource(globals()[name].fn if hasattr(globals()[name], "fn") else globals()[name])
-             for name in _JIT_NAMES]
-    parts += [inspect.getsource(f) for f in (constexprs, _launch_options, _forward_launch, _backward_launch, _params)]
-    parts += [repr(sorted(CONFIGS.items())), triton.__version__ if triton is not None else ""]
+    import textwrap
+
+    def code(fn):
+        tree = ast.parse(textwrap.dedent(inspect.getsource(getattr(fn, "fn", fn))))
+        for node in ast.walk(tree):  # docstrings out; comments never reach the tree
+            body = getattr(node, "body", None)
+            if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and \
+                    isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+                node.body = body[1:] or [ast.Pass()]
+        return ast.dump(tree)
+
+    parts = [code(globals()[name]) for name in _JIT_NAMES]
+    parts += [code(f) for f in (constexprs, _launch_options, _forward_launch, _backward_launch, _params)]
+    parts += [repr(CONFIG), triton.__version__ if triton is not None else ""]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
