@@ -142,6 +142,18 @@ except train.ConfigError as e:
     assert p.stdout.startswith("refused: dape_impl=triton cannot run here: tensors on cpu"), p.stdout
 
 
+def test_auto_where_the_kernel_cannot_run_says_so_and_trains(auto_on_cpu, monkeypatch):
+    """A GPU where the kernel cannot run (no Triton, a shape it refuses): auto warns once and trains on the
+    PyTorch path, where 'triton' is an error."""
+    monkeypatch.setattr(dape_triton, "unavailable", lambda *a: "a machine without Triton (planted)")
+    auto, torch_path, forced = models(("auto", "torch", "triton"), pos="kerple", dape="v1")
+    x = torch.randint(0, 32, (2, 19))
+    with pytest.warns(UserWarning, match=r"DAPE's fused kernel does not cover a machine without Triton"):
+        assert_same_training(auto, torch_path, x)
+    with pytest.raises(ValueError, match=r"dape_impl='triton' cannot run here: a machine without Triton"):
+        train_step(forced, x)
+
+
 @pytest.mark.parametrize("kw,why", [(dict(pos="cope", dape="v1"), "CoPE, whose logits depend on the content"),
                                     (dict(pos="xl", dape="v1"), "XLRelative, whose logits depend on the content"),
                                     (dict(pos="kerple", dape="v1", dropout=0.1), "dropout")])
