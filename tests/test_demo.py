@@ -76,7 +76,7 @@ def test_demo_smoke_runs_end_to_end(tmp_path):
     assert f"| dape-kerple vs kerple | {p['p']:.3g} |" in page and "dape-fox vs fox" not in page
     assert f"| dape-kerple - kerple | {p['mean_diff']:+.3f} [{p['ci'][0]:+.3f}, {p['ci'][1]:+.3f}] |" in page
     assert "DAPE lower, Welch p < 0.05, at" in page and "below kerple at" in page
-    assert "with 2 seeds of the pairs" in page and "three" not in page
+    assert "with 2 seeds of the pairs" in page and "three seeds" not in page and "runs three" not in page
     assert "It trained 11 models and took 7 min" in page
     assert (tmp_path / "docs" / "demo_ppl_vs_length.png").exists()
     assert "RoPE context extension at evaluation" in page and "Passkey retrieval" in page
