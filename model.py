@@ -156,11 +156,11 @@ class SelfAttention(nn.Module):
     def forward(self, x, pe, pos_q, pos_k, cache=None, layer=0):
         q, k, v = self.qkv(x, pe, pos_q)
         t0 = len(cache) if cache is not None else 0
-        # an encoding that reads the layer's input (FoX's forget gates): the state of every key
-        state = pe.state(x, cache.state[layer] if t0 else None) if pe.reads_input else None
-        if cache is not None:  # keys and values of earlier tokens come first
-            if t0:
-                k, v = torch.cat((cache.k[layer], k), dim=2), torch.cat((cache.v[layer], v), dim=2)
+        if t0:  # keys and values of earlier tokens come first
+            k, v = torch.cat((cache.k[layer], k), dim=2), torch.cat((cache.v[layer], v), dim=2)
+        # an encoding that reads the layer's input (FoX's forget gates, PaTH's transforms): every key's state
+        state = pe.state(x, k, cache.state[layer] if t0 else None) if pe.reads_input else None
+        if cache is not None:
             cache.k[layer], cache.v[layer], cache.state[layer] = k, v, state
         y = self.attend(q, k, v, pe, pos_q, pos_k, t0, state)
         y = rearrange(y, "b h t d -> b t (h d)")  # the heads side by side again
@@ -196,7 +196,7 @@ class SelfAttention(nn.Module):
 
         def scores(s, e, logits=True):  # query rows [s, e): their logits A and the bias
             qi = torch.arange(t0 + s, t0 + e, device=q.device)
-            return self.scores(q[:, :, s:e], k, pe, pos_q[s:e], pos_k, qi, ki, state, logits)[:2]
+            return self.scores(q[:, :, s:e], k, pe, pos_q[s:e], pos_k, qi, ki, state, logits)
 
         if self.dape is not None:  # dape_paths.py picks the code that computes it
             return dape_paths.attention(self.dape, q, k, v, scores, self.causal, t0, step, self.dape_impl,
@@ -211,15 +211,16 @@ class SelfAttention(nn.Module):
         return ys[0] if len(ys) == 1 else torch.cat(ys, dim=2)
 
     def scores(self, q, k, pe, pos_q, pos_k, qi, ki, state=None, logits=True):
-        """The logits' terms of the queries at sequence indices qi: A [B, H, Tq, Tk] with CoPE's contextual
-        term added (None without `logits`), the encoding's bias (None, [H, Tq, Tk], [B, H, Tq, Tk] or Terms),
-        and the content logits A alone."""
+        """The logits' terms of the queries at sequence indices qi: A [B, H, Tq, Tk] float32 (None without
+        `logits`; a contextual encoding's own, CoPE's or PaTH's) and the encoding's bias (None, [H, Tq, Tk],
+        [B, H, Tq, Tk] or Terms)."""
         bias = pe.bias(pos_q, pos_k, q, k, state) if pe.has_bias else None
         if not logits:
-            return None, bias, None
+            return None, bias
+        if pe.contextual:
+            return pe.logits(q, k, qi, ki, state), bias
         # q is scaled rather than A: scaling the [B, H, Tq, Tk] map costs a pass over it, and another in backward
-        A = ((q * (1.0 / math.sqrt(self.head_size))) @ k.transpose(-2, -1)).float()
-        return (pe.logits(A, q, qi, ki) if pe.contextual else A), bias, A
+        return ((q * (1.0 / math.sqrt(self.head_size))) @ k.transpose(-2, -1)).float(), bias
 
     def attend_block(self, q, k, v, pe, future, dropout_p, scores):
         """softmax(mask(A + bias)) . v without DAPE, for one block of queries; scores(logits) gives their
@@ -278,7 +279,7 @@ class Block(nn.Module):
 
 class KVCache:
     """Keys, values and positions of the tokens seen so far, for incremental decoding (and the state of an
-    encoding that reads the layer's input, FoX's running sum of log forget gates)."""
+    encoding that reads the layer's input: FoX's running sum of log forget gates, PaTH's transforms)."""
 
     def __init__(self, n_layer):
         self.k, self.v, self.state = [None] * n_layer, [None] * n_layer, [None] * n_layer

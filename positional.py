@@ -11,10 +11,13 @@ class has them as None, and the flags of the same names, below, are derived from
                           has_bias: a bias B added to the logits, [H, Tq, Tk] or [B, H, Tq, Tk], or Terms(u, w)
                           meaning B_ij = u_i - w_j (formed on chip by the fused kernel, expanded by the
                           PyTorch paths); this B is what DAPE reads as its second input
-    logits(A, q, qi, ki)  contextual: a content-dependent term added to the logits A themselves
-    state(x, prev)        reads_input: B depends on the layer's input x (its normalised residual stream);
-                          state gives every key's state [B, H, Tk], the cached tokens' (prev) included, and
-                          bias() reads it as `state`
+    logits(q, k, qi, ki, state)
+                          contextual: the logits A themselves [B, H, Tq, Tk] float32, scaled, computed by the
+                          encoding from the (unscaled) queries and keys at sequence indices qi, ki (CoPE adds
+                          a content-dependent term to q.k, PaTH transforms each key on its way to the query)
+    state(x, k, prev)     reads_input: the encoding reads the layer's input x (its normalised residual
+                          stream) and the keys k of every token; state gives what bias() and logits() read as
+                          `state` for every key, the cached tokens' (prev, the state it gave before) included
 
 and these flags:
 
@@ -428,9 +431,10 @@ class CoPE(PositionalEncoding):
     def reset_parameters(self):
         nn.init.zeros_(self.pos_emb)
 
-    def logits(self, A, q, qi, ki):
-        # A: [B, H, Q, Tk] scaled logits; qi: key-index of each query [Q]; ki: [Tk]
-        gates = torch.sigmoid(A.float())
+    def logits(self, q, k, qi, ki, state=None):
+        # qi: key-index of each query [Q]; ki: [Tk]
+        A = ((q * (1.0 / math.sqrt(self.head_size))) @ k.transpose(-2, -1)).float()
+        gates = torch.sigmoid(A)
         before = ki[None, :] <= qi[:, None]  # key j at or before query i
         if self.causal:
             gates = gates.masked_fill(~before, 0.0)  # future keys count for nothing
@@ -501,9 +505,9 @@ class FoX(PositionalEncoding):
         nn.init.normal_(self.gate.weight, std=0.02)
         nn.init.zeros_(self.gate.bias)
 
-    def state(self, x, prev=None):
+    def state(self, x, k=None, prev=None):
         """c [B, H, T0 + T] float32: the cached tokens' c (prev, [B, H, T0]), then the running sum of log f
-        of the tokens x [B, T, C] continued from it."""
+        of the tokens x [B, T, C] continued from it (the keys k are not needed)."""
         with torch.autocast(device_type=x.device.type, enabled=False):
             log_f = F.logsigmoid(self.gate(x.float())).transpose(1, 2)
         c = log_f.cumsum(dim=-1)
@@ -516,6 +520,164 @@ class FoX(PositionalEncoding):
         # sequence, and it picks the token's c out of state
         return Terms(state[..., pos_q], state[..., pos_k])
 
+
+
+# PaTH (Yang et al. 2025) multiplies where the others add: between key j and query i every token t in
+# j < t <= i applies H_t = I - beta_t w_t w_t^T to the key,
+#
+#     A_ij = q_i . (H_i H_{i-1} ... H_{j+1} k_j) / sqrt(hs),
+#
+# with w_t a unit vector and beta_t in (0, 2) computed from token t's input. It is computed in chunks of
+# CHUNK tokens. Within a chunk, a product of consecutive H_t is I - sum over s <= t of w_t T_ts beta_s
+# w_s^T, with T = (I + L)^-1 and L_ts = beta_t (w_t . w_s) for s < t (Schreiber and Van Loan's compact
+# form of a product of Householder matrices, the "UT transform"); T is lower triangular, so the product
+# over any run of consecutive tokens of the chunk is the same formula with T cut to that run. Across
+# chunks, a key is brought to the end of its chunk (Kc), a query back to the start of its own, and in
+# between each chunk's whole product P applies.
+CHUNK = 64
+
+
+class PaTHState(NamedTuple):
+    """What PaTH keeps of every token so far (a layer's KV cache holds it between decoding steps): the
+    projections z of the last tokens (the short convolution's window), w [B, H, N, hs] and beta [B, H, N],
+    and per chunk TD = T diag(beta) [B, H, n, C, C], the chunk's product P [B, H, n, hs, hs] and its keys
+    brought to the chunk's end, Kc [B, H, n * C, hs]; c: the forget gate's state (PaTH-FoX), else None."""
+    z: torch.Tensor
+    w: torch.Tensor
+    beta: torch.Tensor
+    TD: torch.Tensor
+    P: torch.Tensor
+    Kc: torch.Tensor
+    c: torch.Tensor = None
+
+
+def _chunks(x, n):
+    """[B, H, N, ...] -> [B, H, n, CHUNK, ...], zero-padded at the end (a zero w is the identity)."""
+    pad = n * CHUNK - x.shape[2]
+    x = F.pad(x, (0, 0) * (x.dim() - 3) + (0, pad)) if pad else x
+    return x.reshape(*x.shape[:2], n, CHUNK, *x.shape[3:])
+
+
+def path_state(w, beta, k, prev=None):
+    """The chunk terms of PaTHState for tokens with directions w [B, H, N, hs], strengths beta [B, H, N] and
+    keys k [B, H, N, hs], all float32; prev: a state whose first tokens are these (only the chunks from its
+    last, perhaps partial, one on are computed again)."""
+    n = -(-w.shape[2] // CHUNK)
+    first = 0 if prev is None else prev.w.shape[2] // CHUNK  # the chunks that prev holds complete
+    W, b, K = (_chunks(t[:, :, first * CHUNK:], n - first) for t in (w, beta[..., None], k))
+    b = b[..., 0]
+    G = W @ W.transpose(-1, -2)  # w_t . w_s
+    eye = torch.eye(CHUNK, device=w.device)
+    L = (b[..., :, None] * G).tril(-1)
+    T = torch.linalg.solve_triangular(eye + L, eye.expand_as(L), upper=False, unitriangular=True)
+    TD = T * b[..., None, :]
+    P = torch.eye(w.shape[-1], device=w.device) - W.transpose(-1, -2) @ TD @ W
+    # key j brought to its chunk's end: minus sum over j < s <= t of w_t TD_ts (w_s . k_j)
+    Kc = K - (TD @ (W @ K.transpose(-1, -2)).tril(-1)).transpose(-1, -2) @ W
+    Kc = Kc.flatten(2, 3)
+    if first:
+        TD, P = torch.cat((prev.TD[:, :, :first], TD), 2), torch.cat((prev.P[:, :, :first], P), 2)
+        Kc = torch.cat((prev.Kc[:, :, :first * CHUNK], Kc), 2)
+    return TD, P, Kc
+
+
+def path_logits(q, k, qi, state):
+    """PaTH's logits q_i . (H_i ... H_{j+1} k_j) [B, H, Q, Tk] float32 of the queries q [B, H, Q, hs] at
+    consecutive sequence indices qi against the keys k [B, H, Tk, hs] of tokens 0..Tk-1 (state: theirs).
+    Entries of keys after their query hold anything: attention masks them."""
+    q, k, Tk = q.float(), k.float(), k.shape[2]
+    a, e = int(qi[0]), int(qi[-1]) + 1
+    n = -(-Tk // CHUNK)
+    W, K = _chunks(state.w, n), _chunks(k, n)
+    Kc = state.Kc.unflatten(2, (n, CHUNK))
+    t = torch.arange(CHUNK, device=q.device)
+    blocks = []
+    for c in range(a // CHUNK, (e - 1) // CHUNK + 1):  # the chunks the queries fall in
+        lo, hi = max(a, c * CHUNK), min(e, (c + 1) * CHUNK)
+        qc, Wc, TDc, Kk = q[:, :, lo - a:hi - a], W[:, :, c], state.TD[:, :, c], K[:, :, c]
+        i = torch.arange(lo, hi, device=q.device) - c * CHUNK  # index within the chunk
+        R = ((qc @ Wc.transpose(-1, -2)) * (t[None, :] <= i[:, None])) @ TDc  # over t <= i
+        # keys of the query's own chunk: the product over j < s <= t <= i
+        pieces = [qc @ Kk.transpose(-1, -2) - R @ (Wc @ Kk.transpose(-1, -2)).tril(-1)]
+        r = qc - R @ Wc  # q_i^T H_i ... H_{chunk start}
+        for c2 in range(c - 1, -1, -1):  # earlier chunks, nearest first
+            pieces.append(r @ Kc[:, :, c2].transpose(-1, -2))
+            if c2:
+                r = r @ state.P[:, :, c2]
+        A = torch.cat(pieces[::-1], dim=-1)[..., :Tk]
+        blocks.append(F.pad(A, (0, Tk - A.shape[-1])))  # keys of later chunks: masked
+    return torch.cat(blocks, dim=2) if len(blocks) > 1 else blocks[0]
+
+
+class PaTH(PositionalEncoding):
+    """Yang et al. 2025 (PaTH attention): logits q_i . (H_i ... H_{j+1} k_j) / sqrt(hs), H_t = I - beta_t
+    w_t w_t^T (the products above). As the authors' layer (flash-linear-attention's PaTHAttention, its
+    defaults): w from the layer's normalised input by a low-rank projection (width 32), a causal depthwise
+    convolution of 3 tokens with SiLU and an L2 norm per head (eps 1e-6); beta_t = 2 sigmoid(a Linear of
+    x_t), so H_t may reflect (a negative eigenvalue) as RoPE's rotations cannot. No positions at all:
+    everything a key knows of where it is comes from the tokens after it. Weights N(0, 0.02), biases 0
+    (beta = 1 at init), as the authors' model initialises its Linears and convolutions. Causal only;
+    float32 under any autocast."""
+    causal_only = True
+    uses_positions = False
+    needs_content = True
+    rank, conv = 32, 3
+
+    def __init__(self, config):
+        super().__init__(config)
+        C = config.n_embd
+        self.w_proj = nn.Sequential(nn.Linear(C, self.rank, bias=False), nn.Linear(self.rank, C, bias=False))
+        self.w_conv = nn.Conv1d(C, C, self.conv, groups=C, bias=False)
+        self.beta_proj = nn.Linear(C, config.n_head, bias=True)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        for m in (*self.w_proj, self.w_conv, self.beta_proj):
+            nn.init.normal_(m.weight, std=0.02)
+        nn.init.zeros_(self.beta_proj.bias)
+
+    def state(self, x, k, prev=None):
+        """PaTHState of every token: prev's (the cached tokens'), then those of x [B, T, C]; k [B, H, N, hs]
+        are the keys of all N tokens."""
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            x = x.float()
+            z = self.w_proj(x)  # [B, T, C]
+            window = torch.cat((prev.z, z), 1) if prev is not None else F.pad(z, (0, 0, self.conv - 1, 0))
+            w = F.silu(self.w_conv(window.transpose(1, 2))).transpose(1, 2)
+            w = w.unflatten(-1, (self.n_head, self.head_size)).transpose(1, 2)
+            w = w * torch.rsqrt(w.square().sum(-1, keepdim=True) + 1e-6)
+            beta = 2 * torch.sigmoid(self.beta_proj(x)).transpose(1, 2)
+            if prev is not None:
+                w, beta = torch.cat((prev.w, w), 2), torch.cat((prev.beta, beta), 2)
+            chunk_terms = path_state(w, beta, k.float(), prev)
+        return PaTHState(window[:, -(self.conv - 1):], w, beta, *chunk_terms)
+
+    def logits(self, q, k, qi, ki, state):
+        return path_logits(q * (1.0 / math.sqrt(self.head_size)), k, qi, state)
+
+
+class PaTHFoX(PaTH):
+    """PaTH with FoX's forget gate (the authors' PaTH-FoX): PaTH's logits plus the bias B_ij = (c_i - c_j) /
+    sqrt(hs), FoX's (below) times the attention scale, as the authors' kernels scale it (FoX's own bias is
+    not scaled). DAPE reads it as B."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.gate = nn.Linear(config.n_embd, config.n_head, bias=True)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        super().reset_parameters()
+        if hasattr(self, "gate"):
+            nn.init.normal_(self.gate.weight, std=0.02)
+            nn.init.zeros_(self.gate.bias)
+
+    def state(self, x, k, prev=None):
+        return super().state(x, k, prev)._replace(c=FoX.state(self, x, k, None if prev is None else prev.c))
+
+    def bias(self, pos_q, pos_k, q=None, k=None, state=None):
+        c = state.c / math.sqrt(self.head_size)
+        return Terms(c[..., pos_q], c[..., pos_k])
 
 # -----------------------------------------------------------------------------
 
@@ -532,4 +694,6 @@ ENCODINGS = {
     "cope": CoPE,
     "xl": XLRelative,
     "fox": FoX,
+    "path": PaTH,
+    "path_fox": PaTHFoX,
 }

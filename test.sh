@@ -6,5 +6,9 @@ bash install.sh
 # Triton ships with PyTorch's CUDA builds, not its CPU build: the fused DAPE kernel's tests run it on the
 # CPU through Triton's interpreter (tests/test_dape_triton.py), so a CPU machine installs it here
 "${PYTHON:-python3}" -c "import triton" 2>/dev/null || "${PYTHON:-python3}" -m pip install -q triton
+# flash-linear-attention's reference PaTH attention (fla.ops.path_attn.naive, in its fla-core package), for
+# tests/test_path.py only: not a dependency of the code. Its own requirements are torch and einops, here
+# already, so none are pulled in (--no-deps keeps pip from touching the installed torch)
+"${PYTHON:-python3}" -c "import fla" 2>/dev/null || "${PYTHON:-python3}" -m pip install -q --no-deps "fla-core==0.6.0"
 # the default run leaves out tests marked slow; `bash test.sh -m ""` runs everything
 exec "${PYTHON:-python3}" -m pytest -m "not slow" "$@"

@@ -18,6 +18,7 @@ chosen rows, fed with the layer's actual input, captured by a hook; the tests ch
 back the layer's real output, so what is drawn is what the model computes. Writes PNGs and an .npz of the arrays to out_dir.
 """
 
+import math
 import os
 import sys
 
@@ -93,8 +94,9 @@ def layer_terms(attn, x, pe, pos, rows):
     q, k, v = attn.qkv(x, pe, pos)
     qi = torch.as_tensor(rows, device=x.device)
     ki = torch.arange(T, device=x.device)
-    state = pe.state(x) if pe.reads_input else None
-    A, bias, content = attn.scores(q[:, :, qi], k, pe, pos[qi], pos, qi, ki, state)
+    state = pe.state(x, k) if pe.reads_input else None
+    A, bias = attn.scores(q[:, :, qi], k, pe, pos[qi], pos, qi, ki, state)
+    content = (q[:, :, qi] @ k.transpose(-1, -2)).float() / math.sqrt(q.shape[-1])
     if bias is not None:
         bias = as_map(bias).expand_as(A)
     future = ki[None, :] > qi[:, None] if attn.causal else None
@@ -105,7 +107,7 @@ def layer_terms(attn, x, pe, pos, rows):
         f = logits - A - (bias if bias is not None and attn.dape.variant != "concat" else 0.0)
     att = F.softmax(logits if future is None else logits.masked_fill(future, float("-inf")), dim=-1)
     y = rearrange(att.to(v.dtype) @ v, "b h r d -> b r (h d)")
-    # for CoPE the position term drawn as the bias is its contextual term, and A the content logits
+    # for CoPE and PaTH the position term drawn as the bias is what they make of the content logits A
     position = bias if bias is not None else (A - content if pe.contextual else None)
     sq = lambda t: None if t is None else t[0].float().cpu()
     return {'A': sq(content), 'B': sq(position), 'f': sq(f), 'logits': sq(logits), 'att': sq(att),
@@ -114,7 +116,8 @@ def layer_terms(attn, x, pe, pos, rows):
 
 def term_names(model):
     cfg = model.config
-    b = {'cope': 'CoPE position term'}.get(cfg.pos, f"{cfg.pos} bias B")
+    b = {'cope': 'CoPE position term', 'path': 'PaTH term (its logits - q·k/√d)',
+         'path_fox': 'forget-gate bias B'}.get(cfg.pos, f"{cfg.pos} bias B")
     f = {'v1': 'DAPE term f(A, B)', 'v2': 'DAPE V2 term g(A, B)'}.get(cfg.dape)
     if f and cfg.dape_variant == 'bias_only':
         f = f.replace('(A, B)', '(B)')

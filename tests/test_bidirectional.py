@@ -179,7 +179,7 @@ def plain_attention(attn, x, pe, pos, causal):
     idx = torch.arange(T)
     A = (q @ k.transpose(-2, -1)).float() / math.sqrt(q.shape[-1])
     if pe.contextual:
-        A = pe.logits(A, q, idx, idx)
+        A = pe.logits(q, k, idx, idx)
     bias = pe.bias(pos, pos, q, k) if pe.has_bias else None
     future = idx[None, :] > idx[:, None] if causal else None
     if attn.dape is not None:
@@ -245,6 +245,13 @@ def cope_with_linear_table(causal, npos_max=64):
     return pe, q
 
 
+def keys_for(A):
+    """Keys k [1, 1, Tk, 4] whose logits q . k / sqrt(4) with that query are A [1, 1, 1, Tk]."""
+    k = torch.zeros(1, 1, A.shape[-1], 4)
+    k[..., 0] = 2 * A[0, 0, 0]
+    return k
+
+
 @pytest.mark.parametrize('causal', [True, False])
 def test_cope_positions_by_hand(causal):
     """Query 1 of 4 keys with gates sigmoid(A) = 1, 1/2, 0, 1: the position of key j is the sum of the
@@ -252,7 +259,7 @@ def test_cope_positions_by_hand(causal):
     right 1/2 + 0 and 1/2 + 0 + 1 (the query's own gate counts on both sides); causal: only the left."""
     pe, q = cope_with_linear_table(causal)
     A = torch.tensor([30.0, 0.0, -30.0, 30.0]).view(1, 1, 1, 4)
-    p = (pe.logits(A, q, torch.tensor([1]), torch.arange(4)) - A)[0, 0, 0]
+    p = (pe.logits(q, keys_for(A), torch.tensor([1]), torch.arange(4)) - A)[0, 0, 0]
     want = [1.5, 0.5, 0.5, 1.5]
     n = 4 if not causal else 2  # causal: keys right of the query are masked afterwards
     torch.testing.assert_close(p[:n], torch.tensor(want[:n]), rtol=0, atol=1e-5)
@@ -265,7 +272,7 @@ def test_cope_past_its_table(causal):
     T = 100
     qi, ki = torch.arange(T), torch.arange(T)
     A = torch.full((1, 1, T, T), 30.0)
-    p = (pe.logits(A, q.expand(1, 1, T, 4), qi, ki) - A)[0, 0]
+    p = (pe.logits(q.expand(1, 1, T, 4), keys_for(A[:, :, :1]), qi, ki) - A)[0, 0]
     want = ((qi[:, None] - ki[None, :]).abs() + 1).clamp(max=pe.npos_max - 1).float()
     keep = ki[None, :] <= qi[:, None] if causal else torch.ones(T, T, dtype=torch.bool)
     torch.testing.assert_close(p[keep], want[keep], rtol=0, atol=1e-4)

@@ -387,9 +387,9 @@ def test_cope_positions_count_gates():
     with torch.no_grad():
         cope.pos_emb.copy_(torch.randn(4, 64))
     T = 6
-    A = torch.randn(1, 1, T, T)
-    q = torch.randn(1, 1, T, 4)
-    out = cope.logits(A, q, torch.arange(T), torch.arange(T))
+    q, k = torch.randn(1, 1, T, 4), torch.randn(1, 1, T, 4)
+    A = q @ k.transpose(-1, -2) / 2  # the logits q . k / sqrt(4)
+    out = cope.logits(q, k, torch.arange(T), torch.arange(T))
     E = q[0, 0] @ cope.pos_emb  # [T, 64]
     for i in range(T):
         for j in range(i + 1):
@@ -408,7 +408,7 @@ def test_distances_and_biases_stay_float32_under_autocast():
         q = k = torch.randn(1, 3, 5, 8, dtype=torch.bfloat16)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             # FoX's bias reads its state from the layer's input
-            state = pe.state(torch.randn(1, 5, 24)) if pe.reads_input else None
+            state = pe.state(torch.randn(1, 5, 24), k) if pe.reads_input else None
             b = as_map(pe.bias(p - 3000, p - 3000, q, k, state) if pe.reads_input else pe.bias(p, p, q, k))
             logits, _ = model(idx, idx)
         assert b.dtype == torch.float32, pos
