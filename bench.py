@@ -13,7 +13,8 @@ Sections
 - train   one training step (forward + backward + AdamW step) for each pos x dape, all models measured
           in one run, interleaved (round r runs every model once), after warm-up rounds. Reported: the
           median step time, and the ratio to the same pos without DAPE, as the median of the per-round
-          ratios (paired rounds cancel slow drifts of a shared machine). Two "plain" baselines run in the
+          ratios (paired rounds cancel slow drifts of a shared machine); vs_ref, the same ratio to
+          --ref_pos (RoPE) with the same dape (`--pos=rope,path,path_fox --dape=none`: PaTH's cost). Two "plain" baselines run in the
           same rounds: nanoGPT's attention written out (q.k^T * scale + bias, masked_fill, softmax, @ v)
           and scaled_dot_product_attention with the same float mask, both on the same model.
 - module  DAPE V1 and V2 alone on random logits A [batch, H, T, T] and bias [H, T, T], forward +
@@ -98,6 +99,7 @@ block_size = None  # training length of the train section
 batch_size = None
 vocab_size = 256
 pos = "nope,rope,t5,alibi,kerple,fire"  # train section: encodings (each with every dape)
+ref_pos = "rope"  # train section: the encoding each step is also compared with ('vs ref'), with the same dape
 dape = "none,v1,v2"
 dape_width = 32
 dape_kernel = 3
@@ -372,11 +374,15 @@ def train_section(cfg, sz, device="cpu", autocast_dtype=None, compile_model=Fals
     rows = []
     for (p, d), ts in times.items():
         base = times.get((p, "none"))  # ratio: to the same encoding without DAPE, in the same rounds
+        ref = times.get((cfg["ref_pos"], d))  # and to the reference encoding with the same DAPE
         row = dict(pos=p, dape=d, ms=1e3 * statistics.median(ts), ms_min=1e3 * min(ts),
-                   ratio=paired_ratio(ts, base) if base else None, ms_all=[round(1e3 * t, 2) for t in ts])
+                   ratio=paired_ratio(ts, base) if base else None,
+                   vs_ref=paired_ratio(ts, ref) if ref and p != cfg["ref_pos"] else None,
+                   ms_all=[round(1e3 * t, 2) for t in ts])
         rows.append(row)
     table(f"{label}: step time, {sz} " + (f"autocast {autocast_dtype} " if autocast_dtype else "")
-          + ("compiled" if compile_model else ""), rows, ["pos", "dape", "ms", "ms_min", "ratio"])
+          + ("compiled" if compile_model else "") + f" (vs_ref: against {cfg['ref_pos']})", rows,
+          ["pos", "dape", "ms", "ms_min", "ratio", "vs_ref"])
     return dict(size=sz, device=device, rows=rows, tokens_per_step=sz["batch_size"] * sz["block_size"])
 
 

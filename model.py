@@ -396,12 +396,12 @@ class GPT(nn.Module):
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         """AdamW with weight decay on the weights of Linear, conv and embedding layers only (the encodings'
-        and DAPE's among them: FoX's gate, FIRE's MLP, XL's W_R). Biases, norms and the encodings' own
-        parameter tensors are not decayed, whatever their shape: Kerple's r1, r2 (and a, p) are [H, 1, 1] and
-        XL's biases u, v are [H, hs], so nanoGPT's rule (decay every parameter of 2 or more dimensions) would
-        pull the slopes towards their clamp, and u, v towards 0. CoPE's position table is not decayed either
-        (zero at init, like a bias)."""
-        matrices = {id(m.weight) for m in self.modules() if isinstance(m, (nn.Linear, nn.Conv2d, nn.Embedding))}
+        and DAPE's among them: FoX's gate, FIRE's MLP, XL's W_R, PaTH's projections and convolution). Biases,
+        norms and the encodings' own parameter tensors are not decayed, whatever their shape: Kerple's r1, r2
+        (and a, p) are [H, 1, 1] and XL's biases u, v are [H, hs], so nanoGPT's rule (decay every parameter of 2
+        or more dimensions) would pull the slopes towards their clamp, and u, v towards 0. CoPE's position
+        table is not decayed either (zero at init, like a bias)."""
+        matrices = {id(m.weight) for m in self.modules() if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Embedding))}
         params = [p for p in self.parameters() if p.requires_grad]
         decay = [p for p in params if id(p) in matrices]
         no_decay = [p for p in params if id(p) not in matrices]

@@ -37,6 +37,7 @@ method(s), and add it to ENCODINGS at the bottom of the file.
 """
 
 import math
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -622,6 +623,7 @@ class PaTH(PositionalEncoding):
     uses_positions = False
     needs_content = True
     rank, conv = 32, 3
+    said_pytorch = False  # the warning on a GPU, once per process
 
     def __init__(self, config):
         super().__init__(config)
@@ -653,6 +655,10 @@ class PaTH(PositionalEncoding):
         return PaTHState(window[:, -(self.conv - 1):], w, beta, *chunk_terms)
 
     def logits(self, q, k, qi, ki, state):
+        if q.is_cuda and not PaTH.said_pytorch:
+            PaTH.said_pytorch = True
+            warnings.warn("PaTH runs in PyTorch on this GPU, not in a fused kernel (flash-linear-attention's "
+                          "is not called): slower than the other encodings, with the same results")
         return path_logits(q * (1.0 / math.sqrt(self.head_size)), k, qi, state)
 
 

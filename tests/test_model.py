@@ -494,7 +494,8 @@ def test_generate_needs_a_causal_model():
 
 @pytest.mark.parametrize("pos, pe_decayed", [
     ("kerple", set()), ("kerple_power", set()), ("xl", {"W_R.weight"}), ("cope", set()),
-    ("fire", {"mlp.0.weight", "mlp.2.weight"}), ("t5", {"table.weight"}), ("fox", {"gate.weight"})])
+    ("fire", {"mlp.0.weight", "mlp.2.weight"}), ("t5", {"table.weight"}), ("fox", {"gate.weight"}),
+    ("path_fox", {"w_proj.0.weight", "w_proj.1.weight", "w_conv.weight", "beta_proj.weight", "gate.weight"})])
 def test_optimizer_decays_layer_weights_only(pos, pe_decayed):
     """Weight decay on Linear, conv and embedding weights (the encodings' Linear layers among them: FoX's
     gate, FIRE's MLP, XL's W_R); never on biases, norms or the encodings' own parameter tensors, whatever
