@@ -73,7 +73,7 @@ PAPER_TABLE2 = {
 }
 POS_NAMES = {'nope': 'NoPE', 'learned': 'Learned', 'sinusoidal': 'Sinusoidal', 'rope': 'RoPE',
              't5': 'T5', 'alibi': 'ALiBi', 'kerple': 'Kerple', 'kerple_power': 'Kerple-power',
-             'fire': 'FIRE', 'cope': 'CoPE', 'xl': 'XL', 'fox': 'FoX'}
+             'fire': 'FIRE', 'cope': 'CoPE', 'xl': 'XL', 'fox': 'FoX', 'path': 'PaTH', 'path_fox': 'PaTH-FoX'}
 TASKS = {**che_data.TASKS, **retrieval_data.TASKS}
 
 

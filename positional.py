@@ -535,14 +535,15 @@ class FoX(PositionalEncoding):
 # over any run of consecutive tokens of the chunk is the same formula with T cut to that run. Across
 # chunks, a key is brought to the end of its chunk (Kc), a query back to the start of its own, and in
 # between each chunk's whole product P applies.
-CHUNK = 64
+CHUNK = 32
 
 
 class PaTHState(NamedTuple):
     """What PaTH keeps of every token so far (a layer's KV cache holds it between decoding steps): the
     projections z of the last tokens (the short convolution's window), w [B, H, N, hs] and beta [B, H, N],
-    and per chunk TD = T diag(beta) [B, H, n, C, C], the chunk's product P [B, H, n, hs, hs] and its keys
-    brought to the chunk's end, Kc [B, H, n * C, hs]; c: the forget gate's state (PaTH-FoX), else None."""
+    and per chunk TD = T diag(beta) [B, H, n, C, C], and for every chunk but the last the chunk's product P
+    [B, H, n - 1, hs, hs] and its keys brought to the chunk's end, Kc [B, H, (n - 1) * C, hs]; c: the forget
+    gate's state (PaTH-FoX), else None."""
     z: torch.Tensor
     w: torch.Tensor
     beta: torch.Tensor
@@ -561,24 +562,25 @@ def _chunks(x, n):
 
 def path_state(w, beta, k, prev=None):
     """The chunk terms of PaTHState for tokens with directions w [B, H, N, hs], strengths beta [B, H, N] and
-    keys k [B, H, N, hs], all float32; prev: a state whose first tokens are these (only the chunks from its
-    last, perhaps partial, one on are computed again)."""
+    keys k [B, H, N, hs], all float32. P and Kc are needed, and computed, for every chunk but the last: a
+    query crosses only the chunks before its own. prev: a state whose first tokens are these (its chunks but
+    the last are kept, the rest computed again)."""
     n = -(-w.shape[2] // CHUNK)
-    first = 0 if prev is None else prev.w.shape[2] // CHUNK  # the chunks that prev holds complete
-    W, b, K = (_chunks(t[:, :, first * CHUNK:], n - first) for t in (w, beta[..., None], k))
+    done = 0 if prev is None else prev.P.shape[2]
+    W, b, K = (_chunks(t[:, :, done * CHUNK:], n - done) for t in (w, beta[..., None], k))
     b = b[..., 0]
     G = W @ W.transpose(-1, -2)  # w_t . w_s
     eye = torch.eye(CHUNK, device=w.device)
     L = (b[..., :, None] * G).tril(-1)
     T = torch.linalg.solve_triangular(eye + L, eye.expand_as(L), upper=False, unitriangular=True)
     TD = T * b[..., None, :]
-    P = torch.eye(w.shape[-1], device=w.device) - W.transpose(-1, -2) @ TD @ W
+    W, K, TDc = W[:, :, :-1], K[:, :, :-1], TD[:, :, :-1]  # every chunk but the last
+    P = torch.eye(w.shape[-1], device=w.device) - W.transpose(-1, -2) @ TDc @ W
     # key j brought to its chunk's end: minus sum over j < s <= t of w_t TD_ts (w_s . k_j)
-    Kc = K - (TD @ (W @ K.transpose(-1, -2)).tril(-1)).transpose(-1, -2) @ W
-    Kc = Kc.flatten(2, 3)
-    if first:
-        TD, P = torch.cat((prev.TD[:, :, :first], TD), 2), torch.cat((prev.P[:, :, :first], P), 2)
-        Kc = torch.cat((prev.Kc[:, :, :first * CHUNK], Kc), 2)
+    Kc = (K - (TDc @ (W @ K.transpose(-1, -2)).tril(-1)).transpose(-1, -2) @ W).flatten(2, 3)
+    if done:
+        TD, P = torch.cat((prev.TD[:, :, :done], TD), 2), torch.cat((prev.P, P), 2)
+        Kc = torch.cat((prev.Kc, Kc), 2)
     return TD, P, Kc
 
 
@@ -590,7 +592,7 @@ def path_logits(q, k, qi, state):
     a, e = int(qi[0]), int(qi[-1]) + 1
     n = -(-Tk // CHUNK)
     W, K = _chunks(state.w, n), _chunks(k, n)
-    Kc = state.Kc.unflatten(2, (n, CHUNK))
+    Kc = state.Kc.unflatten(2, (n - 1, CHUNK))
     t = torch.arange(CHUNK, device=q.device)
     blocks = []
     for c in range(a // CHUNK, (e - 1) // CHUNK + 1):  # the chunks the queries fall in
@@ -600,7 +602,7 @@ def path_logits(q, k, qi, state):
         R = ((qc @ Wc.transpose(-1, -2)) * (t[None, :] <= i[:, None])) @ TDc  # over t <= i
         # keys of the query's own chunk: the product over j < s <= t <= i
         pieces = [qc @ Kk.transpose(-1, -2) - R @ (Wc @ Kk.transpose(-1, -2)).tril(-1)]
-        r = qc - R @ Wc  # q_i^T H_i ... H_{chunk start}
+        r = qc - R @ Wc if c else None  # q_i^T H_i ... H_{chunk start}
         for c2 in range(c - 1, -1, -1):  # earlier chunks, nearest first
             pieces.append(r @ Kc[:, :, c2].transpose(-1, -2))
             if c2:
