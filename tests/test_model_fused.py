@@ -374,6 +374,25 @@ def edit_f(model, dape):
             block.attn.dape.act = nn.GELU()
 
 
+@pytest.mark.parametrize("dape", ["v1", "v2"])
+def test_a_small_edit_of_f_is_seen(dape):
+    """LeakyReLU's slope 0.01 -> 0.011 in f: the torch path's check calls f edited. Its float32 tolerance
+    sits above what rounding does where the terms of a gradient's sum cancel (pytest.ini makes a false
+    alarm anywhere in the suite an error) and below a small edit."""
+    torch.manual_seed(0)
+    module = GPT(GPTConfig(block_size=16, vocab_size=8, n_layer=1, n_head=4, n_embd=16, pos="kerple",
+                           dape=dape)).transformer.h[0].attn.dape
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_(0, 0.3)
+    A, bias = (torch.randn(2, 4, 40, 40).requires_grad_() for _ in range(2))
+    assert dape_paths._check("torch", module, A, None, None, bias, True, 0) is None
+    for m in module.modules():
+        if isinstance(m, nn.LeakyReLU):
+            m.negative_slope = 0.011
+    assert dape_paths._check("torch", module, A, None, None, bias, True, 0).startswith(dape_paths.EDITED)
+
+
 @pytest.mark.parametrize("where", ["cpu", "kernel"])
 @pytest.mark.parametrize("dape", ["v1", "v2"])
 def test_an_edit_of_f_runs_and_says_so_once(monkeypatch, where, dape):
