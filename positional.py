@@ -541,9 +541,9 @@ CHUNK = 32
 class PaTHState(NamedTuple):
     """What PaTH keeps of every token so far (a layer's KV cache holds it between decoding steps): the
     projections z of the last tokens (the short convolution's window), w [B, H, N, hs] and beta [B, H, N],
-    and per chunk TD = T diag(beta) [B, H, n, C, C], and for every chunk but the last the chunk's product P
-    [B, H, n - 1, hs, hs] and its keys brought to the chunk's end, Kc [B, H, (n - 1) * C, hs]; c: the forget
-    gate's state (PaTH-FoX), else None."""
+    and per chunk TD = T diag(beta) [B, H, n, CHUNK, CHUNK], and for every chunk but the last the chunk's
+    product P [B, H, n - 1, hs, hs] and its keys brought to the chunk's end, Kc [B, H, (n - 1) * CHUNK, hs];
+    c: the forget gate's state (PaTH-FoX), else None."""
     z: torch.Tensor
     w: torch.Tensor
     beta: torch.Tensor
