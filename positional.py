@@ -588,16 +588,16 @@ def path_logits(q, k, qi, state):
     """PaTH's logits q_i . (H_i ... H_{j+1} k_j) [B, H, Q, Tk] float32 of the queries q [B, H, Q, hs] at
     consecutive sequence indices qi against the keys k [B, H, Tk, hs] of tokens 0..Tk-1 (state: theirs).
     Entries of keys after their query hold anything: attention masks them."""
-    q, k, Tk = q.float(), k.float(), k.shape[2]
+    q, Tk = q.float(), k.shape[2]
     a, e = int(qi[0]), int(qi[-1]) + 1
-    n = -(-Tk // CHUNK)
-    W, K = _chunks(state.w, n), _chunks(k, n)
-    Kc = state.Kc.unflatten(2, (n - 1, CHUNK))
+    Kc = state.Kc.unflatten(2, (-(-Tk // CHUNK) - 1, CHUNK))
     t = torch.arange(CHUNK, device=q.device)
     blocks = []
     for c in range(a // CHUNK, (e - 1) // CHUNK + 1):  # the chunks the queries fall in
         lo, hi = max(a, c * CHUNK), min(e, (c + 1) * CHUNK)
-        qc, Wc, TDc, Kk = q[:, :, lo - a:hi - a], W[:, :, c], state.TD[:, :, c], K[:, :, c]
+        # w and the keys of this chunk only (a block of queries reads no other chunk's raw keys)
+        Wc, Kk = (_chunks(x[:, :, c * CHUNK:(c + 1) * CHUNK].float(), 1)[:, :, 0] for x in (state.w, k))
+        qc, TDc = q[:, :, lo - a:hi - a], state.TD[:, :, c]
         i = torch.arange(lo, hi, device=q.device) - c * CHUNK  # index within the chunk
         R = ((qc @ Wc.transpose(-1, -2)) * (t[None, :] <= i[:, None])) @ TDc  # over t <= i
         # keys of the query's own chunk: the product over j < s <= t <= i
@@ -633,7 +633,7 @@ class PaTH(PositionalEncoding):
         self.w_proj = nn.Sequential(nn.Linear(C, self.rank, bias=False), nn.Linear(self.rank, C, bias=False))
         self.w_conv = nn.Conv1d(C, C, self.conv, groups=C, bias=False)
         self.beta_proj = nn.Linear(C, config.n_head, bias=True)
-        self.reset_parameters()
+        PaTH.reset_parameters(self)  # PaTH's own: a subclass's may need parameters it has not made yet
 
     def reset_parameters(self):
         for m in (*self.w_proj, self.w_conv, self.beta_proj):
@@ -676,9 +676,7 @@ class PaTHFoX(PaTH):
 
     def reset_parameters(self):
         super().reset_parameters()
-        if hasattr(self, "gate"):
-            nn.init.normal_(self.gate.weight, std=0.02)
-            nn.init.zeros_(self.gate.bias)
+        FoX.reset_parameters(self)  # the gate, as FoX's
 
     def state(self, x, k, prev=None):
         return super().state(x, k, prev)._replace(c=FoX.state(self, x, k, None if prev is None else prev.c))
