@@ -3,7 +3,7 @@
 #
 #   bash demo.sh            install, prepare gutenberg_char, train small byte-level models at a short training
 #                           length (Kerple, DAPE-Kerple V1 and DAPE-Kerple V2 1x3 with three seeds each; ALiBi,
-#                           RoPE, FoX and DAPE-FoX with one), evaluate them up to 16x that length (and RoPE with
+#                           RoPE, FoX, DAPE-FoX, PaTH, DAPE-PaTH, PaTH-FoX and DAPE-PaTH-FoX with one), evaluate them up to 16x that length (and RoPE with
 #                           PI, NTK-aware and YaRN), train a RoPE passkey model and test its retrieval up to 16x
 #                           its length, and write the tables and plots into README.md and docs/demo_results.md
 #   bash demo.sh --seeds=5  the same with five seeds of the three Kerple models (any N >= 1; p-values need 2)
@@ -63,13 +63,17 @@ else
 fi
 
 # name  pos  dape  seeds (all: 1..SEEDS; one: seed 1): the pairs that carry the claim get every seed
-RUNS="kerple       kerple none all
-      dape_kerple  kerple v1   all
-      dape2_kerple kerple v2   all
-      alibi        alibi  none one
-      rope         rope   none one
-      fox          fox    none one
-      dape_fox     fox    v1   one"
+RUNS="kerple        kerple   none all
+      dape_kerple   kerple   v1   all
+      dape2_kerple  kerple   v2   all
+      alibi         alibi    none one
+      rope          rope     none one
+      fox           fox      none one
+      dape_fox      fox      v1   one
+      path          path     none one
+      dape_path     path     v1   one
+      path_fox      path_fox none one
+      dape_path_fox path_fox v1   one"
 
 # train_one DIR POS DAPE SEED [ARGS...]: one run into DIR, its output into $OUT/logs/; resumes a checkpoint
 train_one() {
