@@ -24,21 +24,23 @@ def test_demo_smoke_runs_end_to_end(tmp_path):
     env = dict(os.environ, DEMO_SKIP_INSTALL="1", PYTHON=sys.executable)
     run = subprocess.run(["bash", "demo.sh", "--smoke"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "training 10 models, 2 at a time" in run.stdout and "done  dape_fox_s1 in" in run.stdout
+    assert "training 14 models, 2 at a time" in run.stdout and "done  dape_path_fox_s1 in" in run.stdout
     assert "done in" in run.stdout
     res = tmp_path / "results" / "demo-smoke"
     for name in ("results.json", "results.md", "results.csv", "ppl_vs_length.png"):
         assert (res / name).stat().st_size > 0, name
     results = json.loads((res / "results.json").read_text())
-    labels = ["kerple", "dape-kerple", "dapev2-kerple", "alibi", "rope", "fox", "dape-fox"]
+    labels = ["kerple", "dape-kerple", "dapev2-kerple", "alibi", "rope", "fox", "dape-fox", "path", "dape-path",
+              "path_fox", "dape-path_fox"]
     assert [r["label"] for r in results["runs"]] == [l for l in labels[:3] for _ in (1, 2)] + labels[3:]
     assert [(g["label"], g["n"], g["seeds"]) for g in results["groups"]] == [
         (l, 2, [1, 2]) for l in labels[:3]] + [(l, 1, [1]) for l in labels[3:]]
-    # DAPE-X against X: p-values where both have two seeds (Kerple's), none for FoX's single runs
+    # DAPE-X against X: p-values where both have two seeds (Kerple's), none for the single runs
     assert [(c["label"], c["baseline"]) for c in results["comparisons"]] == [
-        ("dape-kerple", "kerple"), ("dapev2-kerple", "kerple"), ("dape-fox", "fox")]
+        ("dape-kerple", "kerple"), ("dapev2-kerple", "kerple"), ("dape-fox", "fox"), ("dape-path", "path"),
+        ("dape-path_fox", "path_fox")]
     assert [{p["status"] == "ok" for p in c["p_value"].values()} for c in results["comparisons"]] == [
-        {True}, {True}, {False}]
+        {True}, {True}, {False}, {False}, {False}]
     assert results["lengths"] == [16, 32, 64, 128, 256]  # 1x .. 16x the training length
     for run_ in results["runs"]:
         assert all(run_["results"][str(L)]["ppl"] > 1 for L in results["lengths"])
@@ -52,14 +54,14 @@ def test_demo_smoke_runs_end_to_end(tmp_path):
     # a re-run reuses the data and the finished checkpoints
     again = subprocess.run(["bash", "demo.sh", "--smoke"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "already prepared" in again.stdout and again.stdout.count(", resume)") == 11  # 10 + the passkey model
+    assert "already prepared" in again.stdout and again.stdout.count(", resume)") == 15  # 14 + the passkey model
     log = (tmp_path / "out-demo-smoke" / "logs" / "dape_kerple_s2.log").read_text()
     assert "iter 4:" in log.split("resumed from")[0] and log.count("resumed from") == 1  # appended, not replaced
 
     # the README section and docs/demo_results.md are rewritten from results.json, and nothing else
     readme = tmp_path / "README.md"
     before = readme.read_text()
-    subprocess.run([sys.executable, "demo_report.py", str(res), "--minutes=7", "--models=11"], cwd=tmp_path,
+    subprocess.run([sys.executable, "demo_report.py", str(res), "--minutes=7", "--models=15"], cwd=tmp_path,
                    check=True, capture_output=True)
     after = readme.read_text()
     # outside the section nothing changes: the first command line gives the range over machines measured
@@ -77,7 +79,7 @@ def test_demo_smoke_runs_end_to_end(tmp_path):
     assert f"| dape-kerple - kerple | {p['mean_diff']:+.3f} [{p['ci'][0]:+.3f}, {p['ci'][1]:+.3f}] |" in page
     assert "DAPE lower, Welch p < 0.05, at" in page and "below kerple at" in page
     assert "with 2 seeds of the pairs" in page and "three seeds" not in page and "runs three" not in page
-    assert "It trained 11 models and took 7 min" in page
+    assert "It trained 15 models and took 7 min" in page
     assert (tmp_path / "docs" / "demo_ppl_vs_length.png").exists()
     assert "RoPE context extension at evaluation" in page and "Passkey retrieval" in page
     assert (tmp_path / "docs" / "demo_loss_by_position.png").exists()
