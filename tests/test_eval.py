@@ -296,6 +296,24 @@ def plot_groups(curves, lengths, block_size=64):
     return groups
 
 
+def cielab(rgb):
+    """CIE L*a*b* (D65) of an sRGB colour in [0, 1]: distances in it follow how different colours look."""
+    lin = [u / 12.92 if u <= 0.04045 else ((u + 0.055) / 1.055) ** 2.4 for u in rgb[:3]]
+    xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]]) @ lin
+    fx, fy, fz = (t ** (1 / 3) if t > 216 / 24389 else (24389 / 27 * t + 16) / 116
+                  for t in xyz / np.array([0.95047, 1.0, 1.08883]))
+    return np.array([116 * fy - 16, 500 * (fx - fy), 200 * (fy - fz)])
+
+
+def test_curve_colours_look_different_up_to_twenty_curves():
+    # the demo plots 11 models: evenly spaced hues gave two greens 12.8 apart (CIE76), mistaken for each other
+    for n in range(1, 21):
+        lab = [cielab(c) for c in E.curve_colors(n)]
+        gap = min((np.linalg.norm(a - b) for i, a in enumerate(lab) for b in lab[i + 1:]), default=np.inf)
+        assert gap > 15, (n, gap)
+    assert len({tuple(c) for c in E.curve_colors(30)}) == 30  # beyond twenty: distinct hues
+
+
 def test_plot_tells_every_curve_apart(tmp_path):
     from matplotlib.colors import to_hex
     lengths = [64, 128, 256, 512, 1024]
