@@ -3,9 +3,10 @@
 #
 #   bash demo.sh            install, prepare gutenberg_char, train small byte-level models at a short training
 #                           length (Kerple, DAPE-Kerple V1 and DAPE-Kerple V2 1x3 with three seeds each; ALiBi,
-#                           RoPE, FoX, DAPE-FoX, PaTH, DAPE-PaTH, PaTH-FoX and DAPE-PaTH-FoX with one), evaluate them up to 16x that length (and RoPE with
-#                           PI, NTK-aware and YaRN), train a RoPE passkey model and test its retrieval up to 16x
-#                           its length, and write the tables and plots into README.md and docs/demo_results.md
+#                           RoPE, FoX, DAPE-FoX, PaTH, DAPE-PaTH, PaTH-FoX and DAPE-PaTH-FoX with one), evaluate
+#                           them up to 16x that length (and RoPE with PI, NTK-aware and YaRN), train a RoPE
+#                           passkey model and test its retrieval up to 16x its length, and write the tables and
+#                           plots into README.md and docs/demo_results.md
 #   bash demo.sh --seeds=5  the same with five seeds of the three Kerple models (any N >= 1; p-values need 2)
 #   bash demo.sh --smoke    the same pipeline in a minute: tiny models, a few steps, this repository's own
 #                           text as data; writes out-demo-smoke/ and results/demo-smoke/ and leaves README and docs alone

@@ -11,7 +11,7 @@ sample std over seeds), DAPE-X against X (the difference of the mean perplexitie
 confidence interval and Welch's p), the plot, a few observations computed from the numbers (not written
 by hand; significance with its direction), and the paper's Table 5 beside them. --minutes and --models
 go into docs/demo_results.md as this run's time on this machine; the README's first command line, which
-gives the range over the machines measured, is left alone.
+gives the demo's measured time, is left alone.
 """
 
 import datetime

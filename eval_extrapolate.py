@@ -485,13 +485,12 @@ def write_outputs(out, protocol, runs, groups, comparisons, eval_lengths, make_p
 
 
 def curve_colors(n):
-    """n colours that tell n curves apart at a glance: tab10's; up to twenty, tab20's ten dark shades and
-    then its light ones (evenly spaced hues would give neighbours two near greens); beyond, such hues."""
+    """n colours that tell n curves apart at a glance: tab20's ten dark shades (tab10's colours), then its
+    light ones (evenly spaced hues would give neighbours two near greens); beyond twenty, such hues."""
     import matplotlib
-    if n <= 10:
-        return [matplotlib.colormaps['tab10'](i) for i in range(n)]
     if n <= 20:
-        return [matplotlib.colormaps['tab20'](2 * i if i < 10 else 2 * (i - 10) + 1) for i in range(n)]
+        tab20 = matplotlib.colormaps['tab20']
+        return [tab20(i) for i in [*range(0, 20, 2), *range(1, 20, 2)][:n]]
     return [matplotlib.colormaps['hsv'](i / n) for i in range(n)]
 
 

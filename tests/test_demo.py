@@ -64,7 +64,7 @@ def test_demo_smoke_runs_end_to_end(tmp_path):
     subprocess.run([sys.executable, "demo_report.py", str(res), "--minutes=7", "--models=15"], cwd=tmp_path,
                    check=True, capture_output=True)
     after = readme.read_text()
-    # outside the section nothing changes: the first command line gives the range over machines measured
+    # outside the section nothing changes: the first command line gives the demo's measured time
     assert before.split("<!-- demo-results:start -->")[0] == after.split("<!-- demo-results:start -->")[0]
     assert before.split("<!-- demo-results:end -->")[1] == after.split("<!-- demo-results:end -->")[1]
     section = after.split("<!-- demo-results:start -->")[1]
