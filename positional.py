@@ -587,8 +587,14 @@ def path_state(w, beta, k, prev=None):
 def path_logits(q, k, qi, state):
     """PaTH's logits q_i . (H_i ... H_{j+1} k_j) [B, H, Q, Tk] float32 of the queries q [B, H, Q, hs] at
     consecutive sequence indices qi against the keys k [B, H, Tk, hs] of tokens 0..Tk-1 (state: theirs).
-    Entries of keys after their query hold anything: attention masks them."""
-    q, Tk = q.float(), k.shape[2]
+    Entries of keys after their query hold anything: attention masks them. float32 under any autocast: a
+    product of many reflections loses its keys' precision in 16 bits."""
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        return _path_logits(q.float(), k, qi, state)
+
+
+def _path_logits(q, k, qi, state):
+    Tk = k.shape[2]
     a, e = int(qi[0]), int(qi[-1]) + 1
     Kc = state.Kc.unflatten(2, (-(-Tk // CHUNK) - 1, CHUNK))
     t = torch.arange(CHUNK, device=q.device)

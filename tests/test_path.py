@@ -209,6 +209,7 @@ def test_dape_reads_paths_logits():
     """DAPE's f is fed PaTH's logits as A (not q.k), and with the gate FoX's scaled bias as B."""
     m = model("path_fox", "v1")
     attn, pe = m.transformer.h[0].attn, m.pe[0]
+    attn.dape_impl = "plain"  # the spy below replaces a method of dape.py, which the fast paths would not run
     seen, probs = {}, attn.dape.probs
     attn.dape.probs = lambda A, bias, *a: seen.update(A=A, B=bias) or probs(A, bias, *a)
     x = torch.randn(1, 20, 16)
@@ -230,3 +231,52 @@ def test_errors_name_the_problem():
         GPTConfig(pos="path", causal=False)
     with pytest.raises(ValueError, match="rand_pos has no effect with pos='path_fox'"):
         GPTConfig(pos="path_fox", rand_pos=True)
+
+
+def carried_logits(q, k, w, beta):
+    """product_logits for long sequences: every key carried through token t at once, in float64."""
+    q, X, w, beta = (t.double() for t in (q, k.clone(), w, beta))
+    A = torch.zeros(*q.shape[:3], q.shape[2], dtype=torch.float64)
+    for t in range(q.shape[2]):
+        wt = w[:, :, t, None]
+        X[:, :, :t] -= beta[:, :, t, None, None] * (X[:, :, :t] * wt).sum(-1, keepdim=True) * wt
+        A[:, :, t, :t + 1] = (X[:, :, :t + 1] @ q[:, :, t, :, None])[..., 0]
+    return A
+
+
+def test_logits_are_float32_under_bfloat16_autocast():
+    """At 1024 tokens the product of the transforms in bfloat16 is off by about 1 (the keys' precision lost
+    over many reflections); PaTH's logits leave autocast, as its state does."""
+    T = 1024
+    q, k, _, w, beta = inputs(T, B=1, H=2)
+    state = PaTHState(None, w, beta, *path_state(w, beta, k))
+    with torch.autocast("cpu", torch.bfloat16):
+        got = path_logits(q, k, torch.arange(T), state)
+    assert got.dtype == torch.float32
+    keep = causal(T)
+    assert (got.double() - carried_logits(q, k, w, beta))[..., keep].abs().max() < 1e-3
+
+
+def test_the_model_runs_paths_transforms_in_float32_under_autocast():
+    """Keys come out of the attention projection in bfloat16 under autocast; PaTH's state and logits take
+    them in float32 past a chunk, as without autocast."""
+    m = model()
+    x = torch.randint(0, 11, (1, 2 * CHUNK + 3))
+    with torch.no_grad():
+        want = m(x)[0]
+        with torch.autocast("cpu", torch.bfloat16):
+            got = m(x)[0]
+    assert (got.float() - want).abs().max() < 0.1
+
+
+def test_strengths_are_twice_a_sigmoid_and_directions_unit_vectors():
+    """beta_t = 2 sigmoid(Linear(x_t)), in (0, 2); w_t of norm 1 per head (to the 1e-6 of its L2 norm)."""
+    m = model()
+    pe = m.pe[0]
+    x = torch.randn(2, 40, 16)
+    k = torch.randn(2, 2, 40, 8)
+    with torch.no_grad():
+        state = pe.state(x, k)
+        torch.testing.assert_close(state.beta, 2 * torch.sigmoid(pe.beta_proj(x)).transpose(1, 2))
+    norms = state.w.norm(dim=-1)
+    assert norms.shape == (2, 2, 40) and (norms - 1).abs().max() < 1e-4
