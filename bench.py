@@ -84,12 +84,13 @@ import torch.nn.functional as F
 import dape_torch
 from configurator import config_defaults, configure
 from dape import DAPEV1, DAPEV2
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, KVCache
 from positional import ENCODINGS, as_map
 
 # -----------------------------------------------------------------------------
 # config (nanoGPT style: these globals are the defaults, overridden by config files and --key=value)
-sections = "train,module,eval,gpu"  # also: timing (Table 1), fit (the fused kernel compiled for each GPU)
+sections = "train,module,eval,gpu"  # also: timing (Table 1), fit (the fused kernel compiled for each GPU),
+# decide (what dape_paths.py's decision on the code costs per call, against a decoding step)
 quick = False  # a tiny model and few repeats: the whole run in under a minute
 size = "demo"  # demo (config/demo_cpu.py, what demo.sh trains), char (config/gutenberg_char_cpu.py), tiny, 125m
 n_layer = None  # None: from size
@@ -133,6 +134,7 @@ fit_archs = "80,86,89,90"  # compute capabilities the fused kernel is compiled f
 fit_dtypes = "bfloat16,float16,float32"
 fit_out = "docs/kernel_fit.json"  # the table the fit test reads; entries of the same kernels are reused
 fit_jobs = 1  # compiler processes at once (one per CPU core)
+decide_context = 512  # decide section: the cached tokens of the decoding step
 threads = 0  # torch.set_num_threads; 0: PyTorch's default
 seed = 0
 out = "results/bench.json"
@@ -458,6 +460,38 @@ def print_module(res):
           ["module", "mode", "T", "batch", "naive_ms", "ours_ms", "speedup", "naive_mb", "ours_mb", "mem_ratio", "equal"])
 
 
+def decide_section(cfg, sz):
+    """dape_paths.code_differs once decided (what each DAPE layer pays at every call to learn that its code is
+    still what the fast paths implement), against a decoding step of the size's model with DAPE V1 on
+    Kerple: one token after decide_context cached ones, on the CPU."""
+    import dape_paths
+    torch.manual_seed(cfg["seed"])
+    model = new_model(sz, cfg, "kerple", "v1").eval()
+    module = model.transformer.h[0].attn.dape
+    dape_paths.code_differs(module)
+    n = 20000
+    t = time.perf_counter()
+    for _ in range(n):
+        dape_paths.code_differs(module)
+    per_call = (time.perf_counter() - t) / n
+    x = torch.randint(0, cfg["vocab_size"], (1, cfg["decide_context"] + 1))
+    steps = []
+    with torch.no_grad():
+        for _ in range(cfg["warmup"] + cfg["repeats"]):
+            cache = KVCache(sz["n_layer"])
+            model(x[:, :-1], cache=cache)
+            t = time.perf_counter()
+            model(x[:, -1:], cache=cache)
+            steps.append(time.perf_counter() - t)
+    step = statistics.median(steps[cfg["warmup"]:])
+    res = dict(per_call_us=per_call * 1e6, step_ms=step * 1e3, n_layer=sz["n_layer"],
+               share=per_call * sz["n_layer"] / step, context=cfg["decide_context"])
+    print(f"decide: a decision already made costs {res['per_call_us']:.1f} us per layer and call; a decoding step "
+          f"after {res['context']} tokens takes {res['step_ms']:.2f} ms, of which the {res['n_layer']} layers' "
+          f"decisions are {100 * res['share']:.2f}%")
+    return res
+
+
 def eval_section(cfg, sz):
     rows = []
     H, D = sz["n_head"], cfg["dape_width"]
@@ -581,9 +615,9 @@ def gpu_verdicts(res, cfg):
     pos = cfg["gpu_pos"].split(",")[0]
     if res["device"] != "cuda":
         return [dict(target=t, verdict="not measured", why="no CUDA GPU") for t, _, _ in targets]
-    failed = {k: v for k, v in dape_paths.VERDICTS.items() if k[0] == "triton" and v is not None}
+    failed = [v for v in dape_paths.VERDICTS.values() if v is not None]
     if failed:
-        why = f"the fused kernel failed its check against dape.py here ({next(iter(failed.values()))})"
+        why = f"the fused kernel failed its check against dape.py here ({failed[0]})"
         return [dict(target=t, verdict="not measured", why=why) for t, _, _ in targets]
     eager = [r for r in res["rows"] if not r.get("compiled")]
     step = {(r["dape"], r["T"], r["batch"]): r for r in eager if r.get("pos") == pos}
@@ -815,9 +849,10 @@ def main(argv=None):
         torch.set_num_threads(cfg["threads"])
     sz = model_size(cfg["size"], cfg)
     wanted = cfg["sections"].split(",")
-    unknown = set(wanted) - {"train", "module", "eval", "gpu", "timing", "fit"}
+    unknown = set(wanted) - {"train", "module", "eval", "gpu", "timing", "fit", "decide"}
     if unknown:
-        raise SystemExit(f"unknown section(s) {sorted(unknown)}: choose from train, module, eval, gpu, timing, fit")
+        raise SystemExit(f"unknown section(s) {sorted(unknown)}: choose from train, module, eval, gpu, timing, fit, "
+                         f"decide")
     res = dict(meta=dict(torch=torch.__version__, python=platform.python_version(), threads=torch.get_num_threads(),
                          cpu=platform.processor() or platform.machine(), cuda=torch.cuda.is_available(),
                          loadavg_start=os.getloadavg(), started=time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -836,6 +871,8 @@ def main(argv=None):
         res["timing"] = timing_section(cfg)
     if "fit" in wanted:
         res["fit"] = fit_section(cfg)
+    if "decide" in wanted:
+        res["decide"] = decide_section(cfg, sz)
     res["meta"]["memory_returned_to_os"] = run_memory_jobs()
     for row in res.get("module", {}).get("rows", []):
         row.pop("naive_bytes", None)

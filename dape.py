@@ -26,8 +26,10 @@ the same whatever number of future columns the map happens to have (prefix consi
 This file is the definition, and it is what runs: edit f (or a variant) here and the model computes
 the edit. dape_torch.py (the same function without the plain form's intermediate maps: CPU tiles, whole
 maps elsewhere) and dape_triton.py (fused into the attention kernel on CUDA) are faster ways to compute it
-from weights(); dape_paths.py compares each with this file at the first call of each kind and, where one
-differs (an edited f, say), says so once and runs the plain form instead.
+from weights(). They record the version of this file they implement (dape_torch.IMPLEMENTS); at every call
+dape_paths.py compares a module's code as it is in memory, and its layers, with that record, and where
+anything differs (an edited f, say, but not a comment or a docstring) says so once and runs the plain form
+instead. Nothing about the edit is sampled: it runs exactly as written.
 """
 
 import torch

@@ -28,6 +28,38 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+# The version of dape.py that this file and dape_triton.py implement, part by part (fingerprint.definition
+# of DAPEV1 and DAPEV2 over dape_paths.METHODS): dape_paths.py runs a fast path only on a module whose code,
+# as it is in memory, has these fingerprints. Update it together with the fast paths, once their equality
+# tests pass (tests/test_dape_paths.py pins it and prints what it should be).
+IMPLEMENTS = {
+    "_DAPE.__init__": "dca88c99ce3f8ad8",
+    "_DAPE._run": "0d59a555d71c22c3",
+    "_DAPE.forward": "32e747a0b6a9ba5d",
+    "_DAPE.kernel": "1",
+    "_DAPE.probs": "a360f052311b23ae",
+    "_DAPE.residual_f": "2c7c4ae3e88d6910",
+    "_DAPE.slope": "0.01",
+    "_DAPE.zero_future": "False",
+    "DAPEV1.__init__": "60258872d3818775",
+    "DAPEV1.f": "5bf25bd9f6fefabb",
+    "DAPEV1.weights": "f4d1febfa8769c71",
+    "DAPEV2.__init__": "1e0a305bc60851ce",
+    "DAPEV2.f": "8fd4c2c99c0f3e8f",
+    "DAPEV2.weights": "eddfcaf9004ec8b5",
+    "DAPEV2.zero_future": "True",
+    "F": "module torch.nn.functional",
+    "SLOPE": "0.01",
+    "ValueError": "type ValueError",
+    "VARIANTS": "('concat_residual', 'concat', 'add_residual', 'bias_only')",
+    "dape_in_channels": "d40b6f65f510e703",
+    "finish": "6faf8b86c07b5383",
+    "float": "type float",
+    "nn": "module torch.nn",
+    "rearrange": "function rearrange",
+    "super": "type super",
+    "torch": "module torch",
+}
 # (query, key) pairs per CPU tile, over the sequences it groups: its hidden map is D * TILE_PAIRS floats,
 # which stays in cache; smaller tiles spend more time in Python than in arithmetic.
 TILE_PAIRS = 16384

@@ -625,6 +625,28 @@ def available(x=None):
     return unavailable(x) is None
 
 
+def specialization(n):
+    """How Triton specializes an integer argument: its value when 1, divisible by 16, or neither."""
+    return 1 if n == 1 else 16 if n % 16 == 0 else 0
+
+
+def same_class(n, most):
+    """A length of n's specialization (1, a multiple of 16, or neither), at most max(most, 32): n itself
+    when it is at most `most`."""
+    return n if n <= most else 32 if n % 16 == 0 else 16 + n % 16
+
+
+def binary(q, k, v, bias, w1, variant, causal, q_offset):
+    """What tells the binaries of attention()'s launches apart (with bias a map or a pair (u, w)): the
+    dtypes, the constexprs, and how Triton specializes the lengths, the strides and the pointers."""
+    tensors = [q, k, v] + ([] if bias is None else list(bias) if isinstance(bias, tuple) else [bias])
+    form = None if bias is None else "terms" if isinstance(bias, tuple) else \
+        "shared" if bias.dim() == 3 or bias.shape[0] == 1 else "per sequence"
+    return (str(q.device), q.dtype, variant, form, causal, q.shape[3], tuple(w1.shape),  # w1 [D, H or 2H, k]
+            specialization(q.shape[2]), specialization(k.shape[2]), specialization(q_offset),
+            tuple(specialization(s) for t in tensors for s in t.stride()), tuple(t.data_ptr() % 16 for t in tensors))
+
+
 def _pow2(n, least=16):
     return max(least, 1 << max(0, int(n) - 1).bit_length())
 
@@ -754,9 +776,9 @@ def constexprs(H, hs, D, ks, variant, has_bias, causal, dtype, config, terms=Fal
 
 
 class _Config:
-    def __init__(self, variant, causal, q_offset, scale, launch):
+    def __init__(self, variant, causal, q_offset, scale, launch, on_backward_failure=None):
         self.variant, self.causal, self.q_offset, self.scale = variant, causal, q_offset, scale
-        self.launch = launch
+        self.launch, self.on_backward_failure = launch, on_backward_failure
 
 
 def _params(q, bias, w1, b1, w2, b2, cfg):
@@ -877,8 +899,16 @@ class _Attention(torch.autograd.Function):
         H, D = q.shape[1], w1.shape[0]
         terms = (u, w) if u is not None else bias
         need_db = terms is not None and any(ctx.needs_input_grad[3:6])
-        grid, args, kw, out = _backward_launch(q, k, v, terms, w1, b1, w2, b2, y, lse, dy.to(v.dtype), need_db, cfg)
-        _backward[grid](*args, **kw)
+        # contiguous: the incoming gradient's layout is the caller's (a transposed view, from model.py's
+        # rearrange), and Triton compiles a binary per layout; this way the check runs the model's binary
+        dy = dy.to(v.dtype).contiguous()
+        try:
+            grid, args, kw, out = _backward_launch(q, k, v, terms, w1, b1, w2, b2, y, lse, dy, need_db, cfg)
+            _backward[grid](*args, **kw)
+        except Exception as e:
+            if cfg.on_backward_failure is None:
+                raise
+            return cfg.on_backward_failure(e, ctx.saved_tensors[:10], ctx.needs_input_grad[:10], dy)
         dq, dk, dv, dbias, dwa, dwb, dw2, db1, db2 = out
         du, dw = dbias if u is not None and need_db else (None, None)
         dbias = dbias if u is None else None
@@ -899,7 +929,8 @@ class _Attention(torch.autograd.Function):
                 None)
 
 
-def attention(q, k, v, bias, w1, b1, w2, b2, variant, causal, q_offset=0, scale=None, *, config=None):
+def attention(q, k, v, bias, w1, b1, w2, b2, variant, causal, q_offset=0, scale=None, *, config=None,
+              on_backward_failure=None):
     """softmax(mask(A + [B] + f(A, B))) @ v for all heads of a layer, f being DAPE's (dape.py), fused.
 
     q [B, H, Tq, hs]; k, v [B, H, Tk, hs] (float32, or float16 / bfloat16 under autocast; one dtype).
@@ -911,13 +942,14 @@ def attention(q, k, v, bias, w1, b1, w2, b2, variant, causal, q_offset=0, scale=
     query row i when j > q_offset + i (q_offset: the position of the first query, for blocks of queries and
     KV-cache steps). scale: of A, 1 / sqrt(hs) by default. Returns y [B, H, Tq, hs] in v's dtype;
     differentiable in q, k, v, the bias (or u and w) and the weights. config: launch settings overriding
-    launch_config(q.device)'s (keys of CONFIG)."""
+    launch_config(q.device)'s (keys of CONFIG). on_backward_failure(error, inputs, needs_input_grad, dy): what
+    returns the gradients (as _Attention.backward does) where the backward launch raises; None: raise."""
     _check(q, k, v, bias, w1, b1, w2, b2, variant, causal, q_offset, scale, config)
     _build()
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     launch = dict(launch_config(q.device), **(config or {}))
-    cfg = _Config(variant, causal, int(q_offset), float(scale), launch)
+    cfg = _Config(variant, causal, int(q_offset), float(scale), launch, on_backward_failure)
     # float32 bias and weights outside the Function, so that autograd casts their gradients back
     u = w = None
     if isinstance(bias, tuple):
@@ -1012,14 +1044,10 @@ def source_hash():
     import inspect
     import textwrap
 
-    def code(fn):
-        tree = ast.parse(textwrap.dedent(inspect.getsource(getattr(fn, "fn", fn))))
-        for node in ast.walk(tree):  # docstrings out; comments never reach the tree
-            body = getattr(node, "body", None)
-            if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and \
-                    isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
-                node.body = body[1:] or [ast.Pass()]
-        return ast.dump(tree)
+    from fingerprint import without_docstrings
+
+    def code(fn):  # comments never reach the tree
+        return ast.dump(without_docstrings(ast.parse(textwrap.dedent(inspect.getsource(getattr(fn, "fn", fn))))))
 
     parts = [code(globals()[name]) for name in _JIT_NAMES]
     parts += [code(f) for f in (constexprs, _launch_options, _forward_launch, _backward_launch, _params)]

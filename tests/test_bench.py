@@ -3,6 +3,8 @@ DAPE modules are equal to the plain form (Appendix J) it times them against."""
 
 import json
 
+import pytest
+
 import bench
 
 
@@ -10,10 +12,13 @@ def test_bench_quick_writes_every_section(tmp_path):
     out = tmp_path / "bench.json"
     bench.main(["--quick", "--pos=kerple", "--repeats=1", "--warmup=0", "--module_lengths=48",
                 "--module_repeats=1", "--eval_lengths=96", "--eval_repeats=1", "--gpu_pos=kerple",
-                "--sections=train,module,eval,gpu,timing", "--timing_methods=kerple,dape-kerple,dapev2-alibi",
-                "--timing_lengths=16,32", "--timing_repeats=1", f"--out={out}"])
+                "--sections=train,module,eval,gpu,timing,decide", "--timing_methods=kerple,dape-kerple,dapev2-alibi",
+                "--timing_lengths=16,32", "--timing_repeats=1", "--decide_context=32", f"--out={out}"])
     res = json.loads(out.read_text())
-    assert set(res) >= {"meta", "train", "module", "eval", "gpu", "timing"}
+    assert set(res) >= {"meta", "train", "module", "eval", "gpu", "timing", "decide"}
+    decide = res["decide"]
+    assert decide["per_call_us"] > 0 and decide["step_ms"] > 0 and decide["context"] == 32
+    assert decide["share"] == pytest.approx(decide["per_call_us"] * 1e-3 * decide["n_layer"] / decide["step_ms"])
 
     train = {(r["pos"], r["dape"]): r for r in res["train"]["rows"]}
     assert set(train) == {("kerple", d) for d in ("none", "v1", "v2", "plain-manual", "plain-sdpa")}
@@ -76,7 +81,7 @@ def test_gpu_verdicts_read_the_right_rows(monkeypatch):
     import torch
     memory = lambda gib: lambda i: types.SimpleNamespace(total_memory=int(gib * 2 ** 30))
     monkeypatch.setattr(torch.cuda, "get_device_properties", memory(79.2))
-    monkeypatch.setattr(dape_paths, "VERDICTS", {("torch", "f"): "f in dape.py differs"})  # not the kernel's
+    monkeypatch.setattr(dape_paths, "VERDICTS", {("cuda", "a kind of call"): None})  # the kernel passed
     cfg = dict(bench.config_defaults(vars(bench)))
     verdicts = [(v["verdict"], v.get("shown")) for v in bench.gpu_verdicts(gpu_result(), cfg)]
     assert verdicts == [("met", "1.10"), ("not met", "1.40"), ("not met", "1.25"), ("met", "75.2 GB"),
@@ -85,8 +90,8 @@ def test_gpu_verdicts_read_the_right_rows(monkeypatch):
     assert verdicts == ["not met", "met", "met", "not met", "met"]
     monkeypatch.setattr(torch.cuda, "get_device_properties", memory(47.5))  # a 48 GB card cannot tell
     assert [v["verdict"] for v in bench.gpu_verdicts(gpu_result(fit=None), cfg)][3] == "not measured"
-    monkeypatch.setattr(dape_paths, "VERDICTS", {("triton", "f"): "the fused kernel failed (OutOfResources: "
-                                                                  "shared memory)"})
+    monkeypatch.setattr(dape_paths, "VERDICTS", {("cuda", "a kind of call"): "the fused kernel failed "
+                                                                              "(OutOfResources: shared memory)"})
     verdicts = bench.gpu_verdicts(gpu_result(), cfg)
     assert all(v["verdict"] == "not measured" and "OutOfResources" in v["why"] for v in verdicts)
 

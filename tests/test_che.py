@@ -785,3 +785,28 @@ def test_training_draws_every_length_up_to_the_longest(task, monkeypatch):
     cfg = _cfg(task=task, max_iters=60, batch_size=1, train_max_len=t.min_len + 2, log_interval=60)
     C.train(C.build_model(t, cfg), t, cfg, 'cpu', contextlib.nullcontext(), log=lambda *a: None)
     assert set(drawn) == {t.min_len, t.min_len + 1, t.min_len + 2}
+
+
+def test_seeds_are_ordered_as_numbers():
+    """Seed 10 comes after seed 9, in the per-seed columns and in the committed runs."""
+    cells = {('reverse_string', 'alibi', 'none'): _cell('reverse_string', 'alibi', 'none',
+                                                         [(10, 90.0, 65.0), (9, 80.0, 60.0), (2, 70.0, 55.0)])}
+    cfg = _cfg(seeds='2,9,10', learning_rate=1e-3)
+    table = C.seeds_table(cells, ['reverse_string'], [('alibi', 'none')], cfg)
+    assert _row(table, '| reverse_string | ALiBi |')[5] == '70.0, 80.0, 90.0'
+    assert 'over seeds 2,9,10:' in table
+    for r in cells[('reverse_string', 'alibi', 'none')]['runs']:
+        r.update(task='reverse_string', pos='alibi', dape='none')
+    assert [r['seed'] for r in C.compact_runs(cells)] == [2, 9, 10]
+
+
+def test_the_confidence_interval_is_welchs():
+    """compare_means against figures from an independent implementation (scipy.stats.ttest_ind with
+    equal_var=False and its confidence_interval(0.95), scipy 1.17): the difference, its interval, df, p."""
+    import common
+    c = common.compare_means([71.2, 64.5, 80.1, 77.7], [60.3, 58.8, 70.2, 49.9, 66.0, 61.5])
+    assert c['diff'] == pytest.approx(12.258333333333326, abs=1e-9)
+    assert c['ci'] == pytest.approx([1.4556065262039066, 23.061060140462743], abs=1e-6)
+    assert c['df'] == pytest.approx(6.502985462601774, abs=1e-9)
+    assert c['p'] == pytest.approx(0.03173907831341556, abs=1e-9)
+
