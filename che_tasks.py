@@ -84,8 +84,16 @@ def get_task(name):
 
 
 def encoding_label(pos, dape):
+    """'ALiBi', 'DAPE-ALiBi', 'DAPEv2-Kerple', 'DAPE-Kerple (zero init)' (dape 'v1:zero')."""
     name = POS_NAMES.get(pos, pos)
-    return name if dape == 'none' else f"{'DAPE' if dape == 'v1' else 'DAPEv2'}-{name}"
+    version, _, init = dape.partition(':')
+    if version == 'none':
+        return name
+    return f"{'DAPE' if version == 'v1' else 'DAPEv2'}-{name}" + (f" ({init} init)" if init else '')
+
+
+def file_name(dape):
+    return dape.replace(':', '-')
 
 
 # -----------------------------------------------------------------------------
@@ -109,8 +117,9 @@ def build_model(task, cfg, config_only=False):
     gcfg = GPTConfig(block_size=model_block_size(task, cfg['train_max_len']),
                      vocab_size=task.input_vocab if task.causal else max(task.input_vocab + 1, task.output_vocab),
                      n_layer=cfg['n_layer'], n_head=cfg['n_head'], n_embd=cfg['n_embd'],
-                     dropout=cfg['dropout'], bias=cfg['bias'], pos=cfg['pos'], dape=cfg['dape'],
-                     dape_variant=cfg['dape_variant'], dape_width=cfg['dape_width'],
+                     dropout=cfg['dropout'], bias=cfg['bias'], pos=cfg['pos'], dape=cfg['dape'].partition(':')[0],
+                     dape_init=cfg['dape'].partition(':')[2] or 'default', dape_variant=cfg['dape_variant'],
+                     dape_width=cfg['dape_width'],
                      dape_kernel=cfg['dape_kernel'], causal=task.causal, bidir_bias=cfg['bidir_bias'],
                      tie_weights=False, rand_pos=rand_pos,
                      rand_pos_max=cfg['rand_pos_max'] if rand_pos else 0,
@@ -254,7 +263,8 @@ def evaluate_id_ood(model, task, cfg, device, autocast, log=print):
 
 def _run_path(cfg):
     return os.path.join(cfg['out_dir'], 'runs',
-                        f"{cfg['task']}_{cfg['pos']}_{cfg['dape']}_s{cfg['seed']}_lr{cfg['learning_rate']:g}.json")
+                        f"{cfg['task']}_{cfg['pos']}_{file_name(cfg['dape'])}_s{cfg['seed']}_"
+                        f"lr{cfg['learning_rate']:g}.json")
 
 
 # options that change how a run is driven or shown, not what it computes: a finished run is reused
@@ -379,7 +389,7 @@ def run_cell(cfg, log=print):
             f"OOD max {_pct(cell['score'])} (mean {_pct(cell['score_mean'])}), "
             f"ID max {_pct(cell['id_score'])} (mean {_pct(cell['id_score_mean'])})")
     if cfg['out_dir']:
-        stem = os.path.join(cfg['out_dir'], f"{task.name}_{cfg['pos']}_{cfg['dape']}")
+        stem = os.path.join(cfg['out_dir'], f"{task.name}_{cfg['pos']}_{file_name(cfg['dape'])}")
         _write_json(stem + '.json', cell)
         if cfg['plot']:
             plot_per_length({cell['encoding']: cell}, task, stem + '.png', cfg)
@@ -727,7 +737,7 @@ def run_grid(cfg, log=print):
 _names_before_config = set(globals())
 task = 'reverse_string'
 pos = 'kerple'
-dape = 'none'                # none | v1 | v2
+dape = 'none'                # none | v1 | v2; v1:zero, v2:zero: f's last layer zero at init (dape.py)
 dape_variant = 'concat_residual'
 dape_width = 32              # D_DAPE (paper: 64)
 dape_kernel = 3              # DAPE v2 kernel width

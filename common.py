@@ -321,8 +321,12 @@ def training_setting(ckpt):
 
 def setting_of(run):
     """All that makes a run (or group) what it is, but its seed: the model, its training, the data, and
-    how RoPE is read."""
-    return {'model': {k: v for k, v in run['model_args'].items() if k not in SAME_FUNCTION},
+    how RoPE is read. A model option that a run's checkpoint predates counts as its default, which is what
+    loading that checkpoint builds."""
+    from model import GPTConfig
+    model = {f.name: f.default for f in fields(GPTConfig)}
+    model.update(run['model_args'])
+    return {'model': {k: v for k, v in model.items() if k not in SAME_FUNCTION},
             'training': run.get('training'), 'data_dir': run['data_dir'],
             'rope_scaling': run.get('rope_scaling', 'none')}
 
@@ -339,6 +343,8 @@ def base_label(a):
         name += f"-D{a['dape_width']}"
     if a.get('dape_variant', 'concat_residual') != 'concat_residual':
         name += f"[{a['dape_variant']}]"
+    if a.get('dape_init', 'default') != 'default':
+        name += f"-{a['dape_init']}"
     return name
 
 

@@ -18,6 +18,11 @@ Variants (`dape_variant`), for an encoding with a bias:
     bias_only         A + bias + f(bias)           (ablation: no semantic input)
 For an encoding without a bias (nope, rope, learned, sinusoidal, cope) it is A + f(A).
 
+Initialisation (`dape_init`): "default" leaves f as PyTorch initialises its layers (the released code's), so
+that from step 0 f adds to every head a random mix of all heads' logits and biases; "zero" zeroes f's last
+layer (weight and bias), so that f = 0 and DAPE-X computes X at step 0 (with `concat`, A alone) and learns
+f from there, as LoRA's B = 0 and ReZero do. docs/dape_init.md measures both.
+
 `future` is the causal mask [Tq, Tk] (True where key j is after query i) or None (bidirectional). f
 never sees -inf: the caller masks after f, or asks forward(..., mask_future=True) for the masked logits
 directly (what attention uses). V2 zeroes the future before each convolution, so that a row's result is
@@ -38,6 +43,7 @@ import torch.nn.functional as F
 from einops import rearrange
 
 VARIANTS = ("concat_residual", "concat", "add_residual", "bias_only")
+INITS = ("default", "zero")
 SLOPE = 0.01  # LeakyReLU's negative slope (PyTorch's default, as in Appendix J)
 
 
@@ -52,11 +58,13 @@ class _DAPE(nn.Module):
     slope = SLOPE
     zero_future = False  # V2: zero the future before each layer
 
-    def __init__(self, n_head, width, variant, has_bias):
+    def __init__(self, n_head, width, variant, has_bias, init):
         super().__init__()
         if variant not in VARIANTS:
             raise ValueError(f"dape_variant must be one of {VARIANTS}, got {variant!r}")
-        self.n_head, self.width, self.variant, self.has_bias = n_head, width, variant, has_bias
+        if init not in INITS:
+            raise ValueError(f"dape_init must be one of {INITS}, got {init!r}")
+        self.n_head, self.width, self.variant, self.has_bias, self.init = n_head, width, variant, has_bias, init
         self.in_channels = dape_in_channels(n_head, variant, has_bias)
 
     def forward(self, A, bias, future=None, mask_future=False, residual_f=None):
@@ -97,6 +105,15 @@ class _DAPE(nn.Module):
         for m in self.modules():
             if m is not self and hasattr(m, "reset_parameters"):
                 m.reset_parameters()
+        self.init_last_layer()
+
+    def init_last_layer(self):
+        """With init "zero", f's last layer to zero (drawing no random numbers, so that a seed gives both
+        inits the same weights elsewhere)."""
+        if self.init == "zero":
+            with torch.no_grad():
+                for p in self.weights()[2:]:
+                    p.zero_()
 
 
 def finish(logits, future, out):
@@ -110,10 +127,11 @@ class DAPEV1(_DAPE):
     """f = Linear(C -> D) -> LeakyReLU -> Linear(D -> H) at every (i, j), as Appendix J's `mlp` (a
     Sequential); the released code's parameter names differ (docs/encodings.md)."""
 
-    def __init__(self, n_head, width=32, variant="concat_residual", has_bias=True):
-        super().__init__(n_head, width, variant, has_bias)
+    def __init__(self, n_head, width=32, variant="concat_residual", has_bias=True, init="default"):
+        super().__init__(n_head, width, variant, has_bias, init)
         self.mlp = nn.Sequential(nn.Linear(self.in_channels, width), nn.LeakyReLU(SLOPE),
                                  nn.Linear(width, n_head))
+        self.init_last_layer()
 
     def f(self, X, future=None):
         """X [B, C, Tq, Tk] -> [B, H, Tq, Tk]: the MLP over the channels of each pair."""
@@ -131,14 +149,15 @@ class DAPEV2(_DAPE):
 
     zero_future = True
 
-    def __init__(self, n_head, width=32, kernel=3, variant="concat_residual", has_bias=True):
-        super().__init__(n_head, width, variant, has_bias)
+    def __init__(self, n_head, width=32, kernel=3, variant="concat_residual", has_bias=True, init="default"):
+        super().__init__(n_head, width, variant, has_bias, init)
         if kernel < 1 or kernel % 2 == 0:
             raise ValueError(f"dape_kernel must be a positive odd number (the conv is centred), got {kernel}")
         self.kernel = kernel
         self.conv1 = nn.Conv2d(self.in_channels, width, (1, kernel), padding=(0, kernel // 2))
         self.act = nn.LeakyReLU(SLOPE)
         self.conv2 = nn.Conv2d(width, n_head, (1, kernel), padding=(0, kernel // 2))
+        self.init_last_layer()
 
     def f(self, X, future=None):
         """X [B, C, Tq, Tk] -> [B, H, Tq, Tk]: two (1, k) convolutions along each row, with the future

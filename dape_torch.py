@@ -33,7 +33,7 @@ import torch.nn.functional as F
 # as it is in memory, has these fingerprints. Update it together with the fast paths, once their equality
 # tests pass (tests/test_dape_paths.py pins it and prints what it should be).
 IMPLEMENTS = {
-    "_DAPE.__init__": "dca88c99ce3f8ad8",
+    "_DAPE.__init__": "61fab7ea6dc0efb0",
     "_DAPE._run": "0d59a555d71c22c3",
     "_DAPE.forward": "32e747a0b6a9ba5d",
     "_DAPE.kernel": "1",
@@ -41,14 +41,15 @@ IMPLEMENTS = {
     "_DAPE.residual_f": "2c7c4ae3e88d6910",
     "_DAPE.slope": "0.01",
     "_DAPE.zero_future": "False",
-    "DAPEV1.__init__": "60258872d3818775",
+    "DAPEV1.__init__": "f9f223fd6c0efeeb",
     "DAPEV1.f": "5bf25bd9f6fefabb",
     "DAPEV1.weights": "f4d1febfa8769c71",
-    "DAPEV2.__init__": "1e0a305bc60851ce",
+    "DAPEV2.__init__": "76b2ccaf9f8ea2b8",
     "DAPEV2.f": "8fd4c2c99c0f3e8f",
     "DAPEV2.weights": "eddfcaf9004ec8b5",
     "DAPEV2.zero_future": "True",
     "F": "module torch.nn.functional",
+    "INITS": "('default', 'zero')",
     "SLOPE": "0.01",
     "ValueError": "type ValueError",
     "VARIANTS": "('concat_residual', 'concat', 'add_residual', 'bias_only')",

@@ -283,7 +283,7 @@ def plot_loss_by_position(runs, path):
 # settings, labels, groups
 
 
-DAPE_KEYS = ('dape', 'dape_variant', 'dape_width', 'dape_kernel')
+DAPE_KEYS = ('dape', 'dape_variant', 'dape_width', 'dape_kernel', 'dape_init')
 
 
 def group_runs(runs, eval_lengths):

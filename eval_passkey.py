@@ -359,11 +359,17 @@ def group_rows(rows, lens, learned_exact):
 
 
 def comparison_pairs(groups):
-    """(DAPE-X group, X group) for every DAPE group whose label without its DAPE prefix is another
-    group's: 'dape-kerple' against 'kerple' (the labels say the settings match but for DAPE)."""
+    """(DAPE-X group, X group) for every DAPE group whose label without its DAPE prefix (and without f's
+    init, '-zero') is another group's: 'dape-kerple' against 'kerple' (the labels say the settings match
+    but for DAPE); and a DAPE group with f zero at init against the default init's: 'dape-kerple-zero'
+    against 'kerple' and against 'dape-kerple'."""
     by_label = {g['label']: g for g in groups}
-    return [(g, by_label[g['label'].split('-', 1)[1]]) for g in groups
-            if g['label'].startswith(('dape-', 'dapev2-')) and g['label'].split('-', 1)[1] in by_label]
+    out = []
+    for g in groups:
+        if g['label'].startswith(('dape-', 'dapev2-')):
+            default = g['label'].removesuffix('-zero')
+            out += [(g, by_label[b]) for b in (default.split('-', 1)[1], default) if b != g['label'] and b in by_label]
+    return out
 
 
 def compare_groups(groups, lens):

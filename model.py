@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from einops import rearrange
 
 import dape_paths
-from dape import DAPEV1, DAPEV2, VARIANTS
+from dape import DAPEV1, DAPEV2, INITS, VARIANTS
 from positional import ENCODINGS, as_map
 
 # Attention probabilities of far-away keys (exp of very negative logits) underflow into float32
@@ -60,6 +60,7 @@ class GPTConfig:
     dape_variant: str = "concat_residual"  # see dape.py
     dape_width: int = 32  # hidden width D of f
     dape_kernel: int = 3  # V2's kernel (1, k) along the key axis
+    dape_init: str = "default"  # f's initialisation: default (PyTorch's, the released code's) or zero (dape.py)
     dape_impl: str = "auto"  # the code that computes DAPE: auto, plain, torch or triton (dape_paths.py)
     causal: bool = True  # False: a bidirectional encoder (CHE)
     # causal=False: which distance biases put a key on the left half a step nearer, so that they tell left
@@ -99,8 +100,12 @@ class GPTConfig:
         PE = ENCODINGS[self.pos]
         if PE.causal_only and not self.causal:
             fail(f"pos={self.pos} is defined for causal attention only; use causal=True or another encoding")
+        if self.dape_init not in INITS:
+            fail(f"unknown dape_init={self.dape_init!r}; choose one of {', '.join(INITS)}")
         if self.dape == "none" and self.dape_variant != "concat_residual":
             fail(f"dape_variant={self.dape_variant!r} has no effect with dape='none'; set dape=v1 or v2")
+        if self.dape == "none" and self.dape_init != "default":
+            fail(f"dape_init={self.dape_init!r} has no effect with dape='none'; set dape=v1 or v2")
         if self.dape != "none" and not PE.has_bias and self.dape_variant != "concat_residual":
             fail(f"dape_variant={self.dape_variant!r} needs a positional bias B, and pos={self.pos!r} has none "
                  f"(its DAPE computes A + f(A)); use the default variant or an additive encoding "
@@ -147,9 +152,10 @@ class SelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
         has_bias = ENCODINGS[config.pos].has_bias
         if config.dape == "v1":
-            self.dape = DAPEV1(config.n_head, config.dape_width, config.dape_variant, has_bias)
+            self.dape = DAPEV1(config.n_head, config.dape_width, config.dape_variant, has_bias, config.dape_init)
         elif config.dape == "v2":
-            self.dape = DAPEV2(config.n_head, config.dape_width, config.dape_kernel, config.dape_variant, has_bias)
+            self.dape = DAPEV2(config.n_head, config.dape_width, config.dape_kernel, config.dape_variant, has_bias,
+                               config.dape_init)
         else:
             self.dape = None
 

@@ -810,3 +810,20 @@ def test_the_confidence_interval_is_welchs():
     assert c['df'] == pytest.approx(6.502985462601774, abs=1e-9)
     assert c['p'] == pytest.approx(0.03173907831341556, abs=1e-9)
 
+
+def test_dape_with_f_zero_at_init_is_a_column_of_its_own(tmp_path):
+    """dape='v1:zero': DAPE V1 with f's last layer zero at init (GPTConfig.dape_init), labelled, filed and
+    compared with its encoding apart from the default init's runs."""
+    g = C.build_model(C.TASKS['bucket_sort'], _cfg(pos='alibi', dape='v1:zero'), config_only=True)
+    assert (g.dape, g.dape_init) == ('v1', 'zero')
+    assert C.build_model(C.TASKS['bucket_sort'], _cfg(pos='alibi', dape='v1'), config_only=True).dape_init == 'default'
+    assert C.encoding_label('alibi', 'v1:zero') == 'DAPE-ALiBi (zero init)'
+    assert C._run_path(_cfg(task='bucket_sort', pos='alibi', dape='v1:zero', out_dir=str(tmp_path))).endswith(
+        'bucket_sort_alibi_v1-zero_s0_lr0.0003.json')
+    cells = {('bucket_sort', 'alibi', d): _cell('bucket_sort', 'alibi', d, [(0, 90.0, 80.0), (1, 92.0, 85.0)])
+             for d in ('none', 'v1', 'v1:zero')}
+    table = C.seeds_table(cells, ['bucket_sort'], [('alibi', 'none'), ('alibi', 'v1'), ('alibi', 'v1:zero')],
+                          _cfg(seeds='0,1', learning_rate=1e-3))
+    assert _row(table, '| bucket_sort | DAPE-ALiBi (zero init) vs ALiBi |')[2] == '2 of 2 vs 2 of 2'
+    with pytest.raises(ValueError, match="unknown dape_init='small'"):
+        C.check_config(_cfg(pos='alibi', dape='v1:small'))

@@ -200,3 +200,52 @@ def test_tilings_are_remembered_per_mask(monkeypatch, kind):
     window = causal | (i[None, :] < i[:, None] - 2)
     for future in (causal, window, causal):
         assert_equal_to_reference(m, A, B, future, "probs")
+
+
+# -----------------------------------------------------------------------------
+# dape_init: f's last layer zero
+
+
+@pytest.mark.parametrize("kind", [DAPEV1, DAPEV2])
+@pytest.mark.parametrize("variant,bias", [(v, True) for v in VARIANTS] + [("concat_residual", False)])
+def test_zero_init_starts_as_the_encoding(kind, variant, bias):
+    """With dape_init zero, f = 0 at step 0: A + B (the residual variants), A (concat, and A + f(A) without a
+    bias); the default init adds f's noise. A training step then moves f's last layer, and the next one f's
+    first layer too."""
+    torch.manual_seed(0)
+    m = kind(H, D, variant=variant, has_bias=bias, init="zero")
+    A = torch.randn(2, H, 7, 7)
+    B = torch.randn(H, 7, 7) if bias else None
+    want = A if B is None or variant == "concat" else A + B
+    assert torch.equal(m(A, B), want)
+    torch.manual_seed(0)
+    assert not torch.allclose(kind(H, D, variant=variant, has_bias=bias)(A, B), want)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    first = [p.detach().clone() for p in m.weights()]
+    for _ in range(2):
+        opt.zero_grad()
+        (m(A.requires_grad_(), B) ** 2).mean().backward()
+        opt.step()
+    assert all(not torch.equal(p, q) for p, q in zip(m.weights(), first))
+
+
+def test_zero_init_in_a_model_draws_the_same_random_numbers():
+    """A seed gives both inits the same weights but f's last layer: so runs of the two differ in that alone;
+    the model's logits at step 0 are its encoding's (Kerple with DAPE's weights for everything else)."""
+    from model import GPT, GPTConfig
+    cfg = dict(block_size=16, vocab_size=32, n_layer=2, n_head=4, n_embd=16, pos="kerple", dape="v1")
+    torch.manual_seed(0)
+    default = GPT(GPTConfig(**cfg))
+    torch.manual_seed(0)
+    zero = GPT(GPTConfig(**cfg, dape_init="zero"))
+    for (name, p), q in zip(default.named_parameters(), zero.parameters()):
+        last = name.endswith(("mlp.2.weight", "mlp.2.bias"))
+        assert torch.equal(q, torch.zeros_like(q)) if last else torch.equal(p, q), name
+    plain = GPT(GPTConfig(**{**cfg, "dape": "none"}))
+    plain.load_state_dict(zero.state_dict(), strict=False)
+    x = torch.randint(0, 32, (2, 16))
+    torch.testing.assert_close(zero(x, x)[0], plain(x, x)[0], rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="unknown dape_init='small'"):
+        GPTConfig(**cfg, dape_init="small")
+    with pytest.raises(ValueError, match="dape_init='zero' has no effect with dape='none'"):
+        GPTConfig(**{**cfg, "dape": "none"}, dape_init="zero")

@@ -529,3 +529,12 @@ def test_tables_from_a_results_file(tmp_path):
     text = EP.main([f'--tables_from={path}'])
     assert '| kerple | 1,2 | 2 of 2 | 100% ± 0 | 40% ± 14 |' in text
     assert '| k_s2 | 100% | 30% |' in text
+
+
+def test_zero_init_is_compared_with_its_encoding_and_with_the_default_init():
+    """'dape-kerple-zero' (dape_init zero: common.base_label) against 'kerple' and against 'dape-kerple'."""
+    import eval_passkey
+    groups = [{'label': name} for name in ('kerple', 'dape-kerple', 'dape-kerple-zero', 'dapev2-kerple', 'dape-path-zero')]
+    pairs = [(a['label'], b['label']) for a, b in eval_passkey.comparison_pairs(groups)]
+    assert pairs == [('dape-kerple', 'kerple'), ('dape-kerple-zero', 'kerple'), ('dape-kerple-zero', 'dape-kerple'),
+                     ('dapev2-kerple', 'kerple')]
