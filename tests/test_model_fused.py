@@ -271,13 +271,13 @@ def test_a_backward_launch_that_fails_falls_back_or_raises(auto_on_cpu, monkeypa
         return real(*a, **k)
     monkeypatch.setattr(dape_triton, "_backward_launch", fails_after_the_check)
     calls = counting(monkeypatch)
-    fused, torch_path = models(("auto", "torch"), pos="fox", dape="v2")
+    fused, torch_path = models(("auto", "torch"), pos="fox", dape="v1")
     falls_back_once(fused, torch_path, torch.randint(0, 32, (2, 19)),
                     r"DAPE: the fused kernel's backward pass failed \(RuntimeError: CUDA error.*: running the "
                     r"PyTorch path")
     assert len(calls) == 1 + fused.config.n_layer  # the check's run, then the first step's forward passes only
     launches.clear()
-    forced, = models(("triton",), pos="fox", dape="v2")
+    forced, = models(("triton",), pos="fox", dape="v1")
     dape_paths.VERDICTS.clear()
     with pytest.raises(RuntimeError, match="CUDA error"):
         train_step(forced, torch.randint(0, 32, (2, 19)))
