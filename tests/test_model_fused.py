@@ -235,52 +235,51 @@ def test_a_kernel_that_disagrees_falls_back_with_one_warning(auto_on_cpu, monkey
     assert len(calls) == 1
 
 
-def test_a_later_launch_that_fails_falls_back_or_raises(auto_on_cpu, monkeypatch):
-    """A real launch that raises after the check passed: under auto the same as a failed check; forced, the
-    error itself."""
-    real = dape_triton.attention
-    runs = []
+def fails_after_the_first(monkeypatch, name):
+    """dape_triton.<name> (a launch) runs once, then raises as a GPU would: the calls, in a list."""
+    real, runs = getattr(dape_triton, name), []
 
-    def fails_after_the_check(*a, **k):
+    def launch(*a, **k):
         runs.append(1)
         if len(runs) > 1:
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
         return real(*a, **k)
-    monkeypatch.setattr(dape_triton, "attention", fails_after_the_check)
+    monkeypatch.setattr(dape_triton, name, launch)
+    return runs
+
+
+def raises_when_forced(runs, pos):
+    """The same failure with dape_impl='triton': the error itself."""
+    runs.clear()
+    forced, = models(("triton",), pos=pos, dape="v1")
+    dape_paths.VERDICTS.clear()
+    with pytest.raises(RuntimeError, match="CUDA error"):
+        train_step(forced, torch.randint(0, 32, (2, 19)))
+
+
+def test_a_later_launch_that_fails_falls_back_or_raises(auto_on_cpu, monkeypatch):
+    """A real launch that raises after the check passed: under auto the same as a failed check, and
+    remembered; forced, the error itself."""
+    runs = fails_after_the_first(monkeypatch, "attention")
     fused, torch_path = models(("auto", "torch"), pos="kerple", dape="v1")
     falls_back_once(fused, torch_path, torch.randint(0, 32, (2, 19)),
                     r"DAPE: the fused kernel failed \(RuntimeError: CUDA error.*: running the PyTorch path")
     assert len(runs) == 2  # the check's, then the launch that failed: remembered, not tried again
-    runs.clear()
-    forced, = models(("triton",), pos="kerple", dape="v1")
-    dape_paths.VERDICTS.clear()
-    with pytest.raises(RuntimeError, match="CUDA error"):
-        train_step(forced, torch.randint(0, 32, (2, 19)))
+    raises_when_forced(runs, "kerple")
 
 
 def test_a_backward_launch_that_fails_falls_back_or_raises(auto_on_cpu, monkeypatch):
     """The backward launch raises after the check passed: under auto, loss.backward() still returns the
     PyTorch path's gradients, one warning says why, and later calls of that kind take the PyTorch path;
     forced, the error itself."""
-    real, launches = dape_triton._backward_launch, []
-
-    def fails_after_the_check(*a, **k):
-        launches.append(1)
-        if len(launches) > 1:
-            raise RuntimeError("CUDA error: an illegal memory access was encountered")
-        return real(*a, **k)
-    monkeypatch.setattr(dape_triton, "_backward_launch", fails_after_the_check)
+    launches = fails_after_the_first(monkeypatch, "_backward_launch")
     calls = counting(monkeypatch)
     fused, torch_path = models(("auto", "torch"), pos="fox", dape="v1")
     falls_back_once(fused, torch_path, torch.randint(0, 32, (2, 19)),
                     r"DAPE: the fused kernel's backward pass failed \(RuntimeError: CUDA error.*: running the "
                     r"PyTorch path")
     assert len(calls) == 1 + fused.config.n_layer  # the check's run, then the first step's forward passes only
-    launches.clear()
-    forced, = models(("triton",), pos="fox", dape="v1")
-    dape_paths.VERDICTS.clear()
-    with pytest.raises(RuntimeError, match="CUDA error"):
-        train_step(forced, torch.randint(0, 32, (2, 19)))
+    raises_when_forced(launches, "fox")
 
 
 def test_the_check_runs_the_backward_binary_the_model_runs(auto_on_cpu, monkeypatch):
