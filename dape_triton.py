@@ -84,9 +84,11 @@ rather than at import: a process that imports this module early (model.py does) 
 later still gets interpreted kernels.
 
 Whether the kernels can be trusted on a GPU no session has run them on is decided outside this file:
-dape_paths.py compares them with dape.py's plain form at the first call of each kind and takes the PyTorch
-path, with one warning naming the cause, where they fail or disagree. compile_for() compiles them for any
-NVIDIA architecture without a GPU (shared memory, registers, spills).
+whether they may run a DAPE module at all by its code (dape_paths.py), and whether they compute it on this
+device by dape_check.py, which compares them with dape.py's plain form in float64 at the first call of each
+kind (binary() tells the kinds apart); where they fail or disagree, then or at a later launch, the model
+takes the PyTorch path with one warning naming the cause. compile_for() compiles them for any NVIDIA
+architecture without a GPU (shared memory, registers, spills).
 """
 
 from __future__ import annotations  # the kernels' tl.constexpr annotations stay strings without triton
