@@ -89,7 +89,10 @@ train_one() {
         tail -n 20 "$log" >&2
         return 1
     fi
-    echo "  done  $name in $(( $(date +%s) - t ))s: $(grep -o 'val loss [0-9.]*' "$log" | tail -n 1)"
+    echo "$name" >> "$PROGRESS"
+    local k; k=$(wc -l < "$PROGRESS")
+    echo "  [$k/$TOTAL] done  $name in $(( $(date +%s) - t ))s: $(grep -o 'val loss [0-9.]*' "$log" | tail -n 1);" \
+         "about $(( (($(date +%s) - TRAIN_T0) * (TOTAL - k) / k + 59) / 60 )) min of training left"
 }
 
 # run_all "NAME POS DAPE SEEDS" lines, EXTRA_ARGS: every run, JOBS at a time; the checkpoint dirs in $DIRS
@@ -110,6 +113,10 @@ run_all() {
 
 mkdir -p $OUT/logs
 n=$(( SEEDS * $(echo "$RUNS" | grep -c ' all$') + $(echo "$RUNS" | grep -c ' one$') ))
+# progress: each model that finishes adds its name to $PROGRESS, and says how many of TOTAL (the passkey
+# model included) are done and, from the time per model so far, about how much training is left
+PROGRESS=$OUT/logs/finished TOTAL=$((n + 1)) TRAIN_T0=$(date +%s)
+: > "$PROGRESS"
 step "training $n models, $JOBS at a time with $THREADS thread(s) each (logs: $OUT/logs/)"
 run_all "$RUNS" "$TRAIN_ARGS"
 CKPTS=$DIRS

@@ -25,6 +25,10 @@ def test_demo_smoke_runs_end_to_end(tmp_path):
     run = subprocess.run(["bash", "demo.sh", "--smoke"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "training 14 models, 2 at a time" in run.stdout and "done  dape_path_fox_s1 in" in run.stdout
+    # each finished model: its count of the 15 (the passkey model last) and the training left
+    counts = [line.split("]")[0].strip() for line in run.stdout.splitlines() if line.strip().startswith("[")]
+    assert counts == [f"[{k}/15" for k in range(1, 16)], counts
+    assert "[15/15] done  passkey_rope_s1 in" in run.stdout and "about 0 min of training left" in run.stdout
     assert "done in" in run.stdout
     res = tmp_path / "results" / "demo-smoke"
     for name in ("results.json", "results.md", "results.csv", "ppl_vs_length.png"):
