@@ -90,7 +90,8 @@ train_one() {
         return 1
     fi
     echo "$name" >> "$PROGRESS"
-    local k; k=$(wc -l < "$PROGRESS")
+    # the line its own name landed on, not the file's length: two runs ending at once count apart
+    local k; k=$(grep -n -x "$name" "$PROGRESS" | cut -d: -f1)
     echo "  [$k/$TOTAL] done  $name in $(( $(date +%s) - t ))s: $(grep -o 'val loss [0-9.]*' "$log" | tail -n 1);" \
          "about $(( (($(date +%s) - TRAIN_T0) * (TOTAL - k) / k + 59) / 60 )) min of training left"
 }
