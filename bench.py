@@ -30,12 +30,13 @@ Sections
 - eval    evaluation forward (loss on the last 256 tokens) at long lengths, batch 1: time per token
           and peak memory, with attention blocked over queries (automatic block size) and unblocked
           (one block) where the unblocked maps fit in --eval_unblocked_max_gb.
-- gpu     the training step at --gpu_size (the paper's 125M) in bf16 autocast for each T x batch of
-          --gpu_shapes, with and without torch.compile: the encoding without DAPE, DAPE through the fused
-          Triton kernel (v1, v2) and through the whole-map PyTorch path (v1:torch, v2:torch), ratios to
-          the encoding without DAPE, peak memory; then the evaluation forward at --gpu_eval_length.
-          Without CUDA it runs its CPU fallback (tiny model, PyTorch path, compile off unless
-          --gpu_compile_on_cpu) so that the code path is exercised.
+- gpu     the training step at --gpu_size (the paper's 125M) in bf16 autocast for each model of --gpu_models
+          (Kerple; DAPE V1 and V2 through the fused Triton kernel and on whole maps, v1:torch; FoX, DAPE-FoX,
+          PaTH) at each T x batch of --gpu_shapes, eager and compiled: each model's rounds interleaved with the
+          first model's (the ratio), and its ratio to the same encoding without DAPE (vs_base); peak memory;
+          then the evaluation forward at --gpu_eval_lengths; last, the fused kernel's targets. Without CUDA
+          it runs its CPU fallback (tiny model, PyTorch path, compile off unless --gpu_compile_on_cpu) so
+          that the code path is exercised. gpu_check.py runs it, after the GPU tests, as one command.
 - fit     the fused kernels of dape_triton.py compiled, on any machine (Triton's compiler and ptxas), for
           each architecture of --fit_archs, dtype, V1 / V2 (k = 3), with a bias and without, causal and
           bidirectional, at the head shape of every config in config/: shared memory per block against the
@@ -116,10 +117,13 @@ eval_lengths = "2048,8192"
 eval_repeats = 2
 eval_unblocked_max_gb = 4.0  # skip the unblocked evaluation when its attention maps would exceed this
 gpu_size = "125m"
-gpu_pos = "kerple"
-gpu_dape = "none,v1,v1:torch,v2,v2:torch"  # v1: dape_impl auto (the fused kernel on CUDA); v1:torch whole maps
+# pos[+dape[:impl]]: +v1 is dape_impl auto (the fused kernel on CUDA), +v1:torch whole maps; the first is the
+# reference of the ratios, and its encoding the one the kernel's targets are read for
+gpu_models = "kerple,kerple+v1,kerple+v1:torch,kerple+v2,kerple+v2:torch,fox,fox+v1,path"
 gpu_shapes = "512x8,512x32,1024x16,1024x32"  # T x batch
-gpu_eval_length = 8192
+gpu_compile = "eager,compiled"  # which of the two to time (the fused kernel runs eager only)
+gpu_eval_lengths = "2048,8192"
+gpu_deadline = 0  # seconds: models not reached by then are reported as such (0: no limit)
 gpu_compile_on_cpu = False
 timing_methods = "kerple,rope,t5,alibi,fire,dape-kerple,dapev2-kerple"  # the first is the ratios' reference
 timing_lengths = "512,1024,2048"
@@ -536,66 +540,119 @@ def print_eval(res):
           ["pos", "dape", "T", "blocked", "ms", "us_per_token", "peak_mb", "rss_peak_mb", "skipped"])
 
 
+def models_of(cfg):
+    """--gpu_models as (name, pos, dape): 'kerple' (no DAPE), 'kerple+v1' (dape_impl auto: the fused kernel on
+    CUDA), 'kerple+v1:torch' (whole maps); the first is the reference of every ratio."""
+    out = []
+    for name in cfg["gpu_models"].split(","):
+        pos_name, _, dape_name = name.partition("+")
+        if pos_name not in ENCODINGS or dape_name.partition(":")[0] not in ("", "v1", "v2"):
+            raise SystemExit(f"--gpu_models: {name!r} is not <encoding>[+v1|+v2[:torch|:triton]] "
+                             f"(encodings: {', '.join(ENCODINGS)})")
+        out.append((name, pos_name, dape_name or "none"))
+    return out
+
+
 def gpu_section(cfg):
-    """Training steps in bf16 autocast for each shape of --gpu_shapes (T x batch), eager and compiled,
-    with DAPE fused (dape_triton.py) and on whole maps (dape_torch.py) beside the encoding without DAPE;
-    peak memory of each step; a shape that does not fit is reported as out of memory. Then the
-    evaluation forward at --gpu_eval_length, batch 1."""
+    """Training steps in bf16 autocast at each T x batch of --gpu_shapes for each model of --gpu_models, eager
+    and (--gpu_compile) compiled: each model's steps interleaved with the first model's, whose ratio is the
+    median of the paired rounds; the ratio to the same encoding without DAPE (from the medians); peak memory
+    of a step; a model that does not fit is reported as out of memory. Then the evaluation forward, batch 1, at
+    each of --gpu_eval_lengths. A model not reached by --gpu_deadline (seconds) is reported as such.
+    Without CUDA: the same models and steps on the tiny size (the PyTorch path, compile off unless
+    --gpu_compile_on_cpu) and evaluation at 2 and 4 times its length, so that every step is exercised."""
+    t0 = time.time()
+    models = models_of(cfg)
     if torch.cuda.is_available():
-        device, sz, compiles = "cuda", model_size(cfg["gpu_size"], None), (False, True)
-        dapes = [d for d in cfg["gpu_dape"].split(",")]
+        device, sz = "cuda", model_size(cfg["gpu_size"], None)
+        compiles = [c == "compiled" for c in cfg["gpu_compile"].split(",")]
         shapes = [tuple(int(v) for v in s.split("x")) for s in cfg["gpu_shapes"].split(",")]
-    else:  # the CPU fallback: the same code on a tiny model, so that it is exercised (no fused kernel)
+        lengths = [int(t) for t in cfg["gpu_eval_lengths"].split(",")]
+    else:
         device, sz = "cpu", model_size("tiny", None)
-        compiles = (False, True) if cfg["gpu_compile_on_cpu"] else (False,)
-        dapes = ["none", "v1:torch", "v2:torch"]
+        compiles = [False, True] if cfg["gpu_compile_on_cpu"] else [False]
         shapes = [(sz["block_size"], sz["batch_size"])]
+        lengths = [2 * sz["block_size"], 4 * sz["block_size"]]
+    late = lambda: cfg["gpu_deadline"] and time.time() - t0 > cfg["gpu_deadline"]
+    ref = models[0]
     rows = []
     for T, batch in shapes:
         shape = dict(sz, block_size=T, batch_size=batch)
         for compile_model in compiles:
-            sub = dict(cfg, dape=",".join(dapes))
+            where = dict(T=T, batch=batch, compiled=compile_model)
+            step = lambda pos_name, dape_name: train_steps(shape, cfg, [pos_name], [dape_name], device, torch.bfloat16,
+                                                           compile_model, plain=False)[(pos_name, dape_name)]
             try:
-                res = train_section(sub, shape, device, torch.bfloat16, compile_model, plain=False,
-                                    pos_list=cfg["gpu_pos"].split(","),
-                                    label=f"gpu section on {device}, T={T} batch={batch}")
+                ref_step = step(ref[1], ref[2])
             except torch.OutOfMemoryError:
-                rows.append(dict(T=T, batch=batch, compiled=compile_model, skipped="out of memory"))
+                rows += [dict(where, model=m[0], skipped="out of memory") for m in models]
                 torch.cuda.empty_cache()
                 continue
-            for row in res["rows"]:
-                row.update(T=T, batch=batch, compiled=compile_model)
-            if device == "cuda":  # peak memory of one step, each model on its own
-                for row in res["rows"]:
-                    step = train_steps(shape, sub, [row["pos"]], [row["dape"]], device, torch.bfloat16,
-                                       compile_model, plain=False)[(row["pos"], row["dape"])]
-                    step()  # compile and allocate optimizer state outside the measurement
-                    row["peak_mb"] = mb(peak_memory(step, device)[1])
-                    del step
+            for name, pos_name, dape_name in models:
+                row = dict(where, model=name, pos=pos_name, dape=dape_name)
+                rows.append(row)
+                if late():
+                    row["skipped"] = "past --gpu_deadline"
+                    continue
+                try:
+                    fn = ref_step if name == ref[0] else step(pos_name, dape_name)
+                    ts = interleaved({"model": fn} if fn is ref_step else {"model": fn, "ref": ref_step},
+                                     cfg["repeats"], cfg["warmup"], device)
+                    ts.setdefault("ref", ts["model"])
+                    if device == "cuda":  # compiled and allocated by now: the step alone
+                        row["peak_mb"] = mb(peak_memory(fn, device)[1])
+                except torch.OutOfMemoryError:
+                    row["skipped"] = "out of memory"
+                    fn = None
                     torch.cuda.empty_cache()
-            rows.extend(res["rows"])
+                    continue
+                row.update(ms=1e3 * statistics.median(ts["model"]), ratio=paired_ratio(ts["model"], ts["ref"]))
+                del fn
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+            del ref_step
+    for row in rows:  # to the same encoding without DAPE, in the same place
+        base = next((r for r in rows if r.get("dape") == "none" and r.get("pos") == row.get("pos") and "ms" in r
+                     and (r["T"], r["batch"], r["compiled"]) == (row["T"], row["batch"], row["compiled"])), None)
+        if base is not None and "ms" in row:
+            row["vs_base"] = row["ms"] / base["ms"]
     evals = []
-    if device == "cuda":
-        T = cfg["gpu_eval_length"]
-        for d in dapes:
+    for T in lengths:
+        for name, pos_name, dape_name in models:
+            row = dict(model=name, pos=pos_name, dape=dape_name, T=T)
+            evals.append(row)
+            if late():
+                row["skipped"] = "past --gpu_deadline"
+                continue
             torch.manual_seed(cfg["seed"])
-            model = new_model(sz, cfg, cfg["gpu_pos"].split(",")[0], d, device).eval()
             x = torch.randint(0, cfg["vocab_size"], (1, T + 1), device=device)
+            try:
+                model = new_model(sz, cfg, pos_name, dape_name, device).eval()
 
-            def run(model=model, x=x):
-                with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
-                    model(x[:, :-1], x[:, 1:], last=256)
-            ts = interleaved({"eval": run}, cfg["eval_repeats"], 1, device)["eval"]
-            evals.append(dict(dape=d, T=T, ms=1e3 * statistics.median(ts), peak_mb=mb(peak_memory(run, device)[1])))
-            del model
-        base = next((e["ms"] for e in evals if e["dape"] == "none"), None)
-        for e in evals:
-            e["ratio"] = e["ms"] / base if base else None
-        table(f"gpu section: evaluation forward, batch 1, bf16", evals, ["dape", "T", "ms", "ratio", "peak_mb"])
-    table("gpu section: every training step (ratio: to the same encoding without DAPE, same T, batch, compile)",
-          rows, ["pos", "dape", "T", "batch", "compiled", "ms", "ratio", "peak_mb", "skipped"])
-    res = dict(device=device, fallback=device != "cuda", size=sz, dtype="bfloat16", rows=rows, eval=evals,
-               gpu=torch.cuda.get_device_name() if device == "cuda" else None)
+                def run(model=model, x=x):
+                    with torch.no_grad(), torch.autocast(device, torch.bfloat16):
+                        model(x[:, :-1], x[:, 1:], last=256)
+                ts = interleaved({"eval": run}, cfg["eval_repeats"], 1, device)["eval"]
+                row.update(ms=1e3 * statistics.median(ts))
+                if device == "cuda":
+                    row["peak_mb"] = mb(peak_memory(run, device)[1])
+            except torch.OutOfMemoryError:
+                row["skipped"] = "out of memory"
+            model = run = None
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    for row in evals:
+        base = next((e for e in evals if e["model"] == ref[0] and e["T"] == row["T"] and "ms" in e), None)
+        if base is not None and "ms" in row:
+            row["ratio"] = row["ms"] / base["ms"]
+    table(f"gpu section on {device}: evaluation forward, batch 1, bf16 (ratio: to {ref[0]})", evals,
+          ["model", "T", "ms", "ratio", "peak_mb", "skipped"])
+    table(f"gpu section on {device}: training steps, bf16 (ratio: to {ref[0]}, paired rounds; vs_base: to the "
+          f"same encoding without DAPE)", rows, ["model", "T", "batch", "compiled", "ms", "ratio", "vs_base",
+                                                 "peak_mb", "skipped"])
+    res = dict(device=device, fallback=device != "cuda", size=sz, dtype="bfloat16", reference=ref[0], rows=rows,
+               eval=evals, gpu=torch.cuda.get_device_name() if device == "cuda" else None,
+               seconds=round(time.time() - t0, 1))
     res["verdicts"] = gpu_verdicts(res, cfg)
     return res
 
@@ -604,15 +661,17 @@ def gpu_verdicts(res, cfg):
     """The fused kernel's targets at 125M, bf16, eager (the kernel does not run under torch.compile), each
     'met', 'not met' or 'not measured' with the figure or the reason: a V1 / V2 training step of
     DAPE-<encoding> against the encoding's at T=512, batch 32; the peak memory of that V1 step; a step at
-    T=1024, batch 32 within 80 GB; the evaluation forward at --gpu_eval_length."""
+    T=1024, batch 32 within 80 GB; the evaluation forward at the longest of --gpu_eval_lengths. The encoding
+    is the reference model's (the first of --gpu_models)."""
     import dape_paths
+    longest = max(e["T"] for e in res["eval"]) if res["eval"] else None
     targets = [("DAPE V1 training step / without DAPE, T=512 batch 32", "v1", 1.15),
                ("DAPE V2 training step / without DAPE, T=512 batch 32", "v2", 1.3),
                ("DAPE V1 peak memory of a step / without DAPE, T=512 batch 32", "mem", 1.2),
                # 80 GB as the card is sold, 80e9 bytes: an 80 GB H100 reports about 79.2 GiB to CUDA
                ("DAPE V1 training step at T=1024, batch 32, within 80 GB", "fit", 80e9 / 2 ** 20),
-               (f"DAPE V1 evaluation at {cfg['gpu_eval_length']} tokens / without DAPE", "eval", 1.5)]
-    pos = cfg["gpu_pos"].split(",")[0]
+               (f"DAPE V1 evaluation at {longest} tokens / without DAPE", "eval", 1.5)]
+    pos = next(r["pos"] for r in res["rows"] + res["eval"] if r.get("pos"))
     if res["device"] != "cuda":
         return [dict(target=t, verdict="not measured", why="no CUDA GPU") for t, _, _ in targets]
     failed = [v for v in dape_paths.VERDICTS.values() if v is not None]
@@ -620,28 +679,30 @@ def gpu_verdicts(res, cfg):
         why = f"the fused kernel failed its check against dape.py here ({failed[0]})"
         return [dict(target=t, verdict="not measured", why=why) for t, _, _ in targets]
     eager = [r for r in res["rows"] if not r.get("compiled")]
-    step = {(r["dape"], r["T"], r["batch"]): r for r in eager if r.get("pos") == pos}
-    out_of_memory = {(r["T"], r["batch"]) for r in eager if r.get("skipped") == "out of memory"}
-    eval_ratio = {e["dape"]: e.get("ratio") for e in res["eval"]}
+    step = {(r["dape"], r["T"], r["batch"]): r for r in eager if r.get("pos") == pos and "ms" in r}
+    out_of_memory = {(r["T"], r["batch"]) for r in eager if r.get("pos") == pos and r.get("dape") == "v1"
+                     and r.get("skipped") == "out of memory"}
+    evals = {e["dape"]: e["ms"] for e in res["eval"] if e.get("pos") == pos and e["T"] == longest and "ms" in e}
     gpu_mb = torch.cuda.get_device_properties(0).total_memory / 2 ** 20
     out = []
     for target, what, limit in targets:
         if what in ("v1", "v2", "mem"):
             row, base = step.get((what if what != "mem" else "v1", 512, 32)), step.get(("none", 512, 32))
-            if row is None or base is None or "ms" not in row or "ms" not in base:
+            if row is None or base is None:
                 value = None
             else:
-                value = row.get("ratio") if what != "mem" else row.get("peak_mb", 0) / max(base.get("peak_mb", 0), 1e-9)
-        elif what == "fit":  # a shape that ran out of memory has one row for all its models
+                value = (row["ms"] / base["ms"] if what != "mem"
+                         else row.get("peak_mb", 0) / max(base.get("peak_mb", 0), 1e-9))
+        elif what == "fit":
             if (1024, 32) in out_of_memory:
                 value = float("inf") if gpu_mb >= limit else None
             else:
                 value = step.get(("v1", 1024, 32), {}).get("peak_mb")
         else:
-            value = eval_ratio.get("v1")
+            value = evals["v1"] / evals["none"] if "v1" in evals and "none" in evals else None
         if value is None:
             out.append(dict(target=target, verdict="not measured",
-                            why="not in this run's --gpu_shapes / --gpu_dape" if what != "fit" or gpu_mb >= limit
+                            why="not in this run's --gpu_shapes / --gpu_models" if what != "fit" or gpu_mb >= limit
                             else f"this GPU has {gpu_mb * 2 ** 20 / 1e9:.0f} GB"))
         else:
             shown = (("out of memory" if value == float("inf") else f"{value * 2 ** 20 / 1e9:.1f} GB") if what == "fit"

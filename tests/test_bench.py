@@ -11,7 +11,7 @@ import bench
 def test_bench_quick_writes_every_section(tmp_path):
     out = tmp_path / "bench.json"
     bench.main(["--quick", "--pos=kerple", "--repeats=1", "--warmup=0", "--module_lengths=48",
-                "--module_repeats=1", "--eval_lengths=96", "--eval_repeats=1", "--gpu_pos=kerple",
+                "--module_repeats=1", "--eval_lengths=96", "--eval_repeats=1", "--gpu_models=kerple,kerple+v1,fox,fox+v2:torch",
                 "--sections=train,module,eval,gpu,timing,decide", "--timing_methods=kerple,dape-kerple,dapev2-alibi",
                 "--timing_lengths=16,32", "--timing_repeats=1", "--decide_context=32", f"--out={out}"])
     res = json.loads(out.read_text())
@@ -36,8 +36,15 @@ def test_bench_quick_writes_every_section(tmp_path):
     assert all(r["us_per_token"] > 0 and r["rss_peak_mb"] > 0 for r in ev)
 
     gpu = res["gpu"]
-    assert gpu["fallback"] == (gpu["device"] == "cpu") and gpu["rows"]
-    assert {r["dape"] for r in gpu["rows"]} == {"none", "v1:torch", "v2:torch"}
+    assert gpu["fallback"] == (gpu["device"] == "cpu") and gpu["reference"] == "kerple"
+    models = ["kerple", "kerple+v1", "fox", "fox+v2:torch"]
+    assert [r["model"] for r in gpu["rows"]] == models and all(r["ms"] > 0 for r in gpu["rows"])
+    steps = {r["model"]: r for r in gpu["rows"]}
+    assert steps["kerple"]["ratio"] == 1.0 and steps["kerple"]["vs_base"] == 1.0
+    assert steps["fox+v2:torch"]["vs_base"] == steps["fox+v2:torch"]["ms"] / steps["fox"]["ms"]
+    assert [(e["model"], e["T"]) for e in gpu["eval"]] == [(m, T) for T in (128, 256) for m in models]
+    assert all(e["ratio"] == e["ms"] / next(b["ms"] for b in gpu["eval"] if b["model"] == "kerple" and b["T"] == e["T"])
+               for e in gpu["eval"])
     assert len(gpu["verdicts"]) == 5 and all(v["verdict"] == "not measured" and v["why"] == "no CUDA GPU"
                                              for v in gpu["verdicts"])
 
@@ -61,14 +68,19 @@ def test_peak_memory_sees_a_large_allocation():
 def gpu_result(v1=1.1, v2=1.4, mem=(1000.0, 1250.0), fit=70 * 1024.0, eval_ratio=1.6):
     """A gpu section's result as a GPU run would leave it (eager rows at 512x32 and 1024x32, compiled ones
     that must be ignored, the evaluation's ratios)."""
-    rows = [dict(pos="kerple", dape="none", T=512, batch=32, compiled=False, ms=100.0, ratio=1.0, peak_mb=mem[0]),
-            dict(pos="kerple", dape="v1", T=512, batch=32, compiled=False, ms=100.0 * v1, ratio=v1, peak_mb=mem[1]),
-            dict(pos="kerple", dape="v2", T=512, batch=32, compiled=False, ms=100.0 * v2, ratio=v2, peak_mb=900.0),
-            dict(pos="kerple", dape="v1", T=512, batch=32, compiled=True, ms=50.0, ratio=0.5, peak_mb=1.0),
-            dict(T=1024, batch=32, compiled=True, skipped="out of memory")]
-    rows.append(dict(T=1024, batch=32, compiled=False, skipped="out of memory") if fit is None else
-                dict(pos="kerple", dape="v1", T=1024, batch=32, compiled=False, ms=1.0, ratio=1.0, peak_mb=fit))
-    return dict(device="cuda", rows=rows, eval=[dict(dape="none", ratio=1.0), dict(dape="v1", ratio=eval_ratio)])
+    rows = [dict(pos="kerple", dape="none", T=512, batch=32, compiled=False, ms=100.0, peak_mb=mem[0]),
+            dict(pos="kerple", dape="v1", T=512, batch=32, compiled=False, ms=100.0 * v1, peak_mb=mem[1]),
+            dict(pos="kerple", dape="v2", T=512, batch=32, compiled=False, ms=100.0 * v2, peak_mb=900.0),
+            dict(pos="kerple", dape="v1", T=512, batch=32, compiled=True, ms=50.0, peak_mb=1.0),
+            dict(pos="fox", dape="none", T=512, batch=32, compiled=False, ms=1000.0, peak_mb=1.0),
+            dict(pos="kerple", dape="v1", T=1024, batch=32, compiled=True, skipped="out of memory")]
+    rows.append(dict(pos="kerple", dape="v1", T=1024, batch=32, compiled=False, skipped="out of memory")
+                if fit is None else
+                dict(pos="kerple", dape="v1", T=1024, batch=32, compiled=False, ms=1.0, peak_mb=fit))
+    evals = [dict(pos="kerple", dape="none", T=T, ms=10.0 * T) for T in (2048, 8192)]
+    evals += [dict(pos="kerple", dape="v1", T=2048, ms=1.0), dict(pos="kerple", dape="v1", T=8192, ms=81920 * eval_ratio),
+              dict(pos="fox", dape="none", T=8192, ms=1.0)]
+    return dict(device="cuda", rows=rows, eval=evals)
 
 
 def test_gpu_verdicts_read_the_right_rows(monkeypatch):
@@ -84,6 +96,7 @@ def test_gpu_verdicts_read_the_right_rows(monkeypatch):
     monkeypatch.setattr(dape_paths, "VERDICTS", {("cuda", "a kind of call"): None})  # the kernel passed
     cfg = dict(bench.config_defaults(vars(bench)))
     verdicts = [(v["verdict"], v.get("shown")) for v in bench.gpu_verdicts(gpu_result(), cfg)]
+    assert bench.gpu_verdicts(gpu_result(), cfg)[4]["target"] == "DAPE V1 evaluation at 8192 tokens / without DAPE"
     assert verdicts == [("met", "1.10"), ("not met", "1.40"), ("not met", "1.25"), ("met", "75.2 GB"),
                         ("not met", "1.60")]
     verdicts = [v["verdict"] for v in bench.gpu_verdicts(gpu_result(1.2, 1.3, (1000.0, 1200.0), None, 1.5), cfg)]
