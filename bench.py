@@ -136,9 +136,10 @@ timing_dtype = "bfloat16"  # autocast on the GPU
 timing_repeats = 5
 fit_archs = "80,86,89,90"  # compute capabilities the fused kernel is compiled for (sm_80: A100, ... sm_90: H100)
 fit_dtypes = "bfloat16,float16,float32"
-fit_out = "docs/kernel_fit.json"  # the table the fit test reads; entries of the same kernels are reused
+fit_out = "docs/results/kernel_fit.json"  # the table the fit test reads; entries of the same kernels are reused
 fit_jobs = 1  # compiler processes at once (one per CPU core)
 decide_context = 512  # decide section: the cached tokens of the decoding step
+tables_from = ""  # a fit file (--fit_out): print docs/gpu.md's tables from it, run nothing
 threads = 0  # torch.set_num_threads; 0: PyTorch's default
 seed = 0
 out = "results/bench.json"
@@ -899,8 +900,28 @@ def fit_markdown(entries, shapes, dtypes="16-bit"):
     return "\n".join(out)
 
 
+def fit_tables(path):
+    """docs/gpu.md's fit tables (16-bit, then float32) from a file that the fit section wrote."""
+    if not os.path.isfile(path):
+        raise SystemExit(f"--tables_from: no file {path} (python bench.py --sections=fit writes one)")
+    with open(path) as f:
+        table = json.load(f)
+    if "entries" not in table:
+        raise SystemExit(f"--tables_from: {path} is not a fit file (python bench.py --sections=fit writes one)")
+    shapes = {}
+    for key, names in table["shapes"].items():  # "12x64 D=32"
+        heads, width = key.split(" D=")
+        shapes[tuple(int(v) for v in heads.split("x")) + (int(width),)] = names
+    return "\n\n".join(f"{dtypes} (Triton {table['triton']}):\n\n{fit_markdown(table['entries'], shapes, dtypes)}"
+                       for dtypes in ("16-bit", "float32"))
+
+
 def main(argv=None):
     cfg = configure(config_defaults(globals()), argv)
+    if cfg["tables_from"]:
+        text = fit_tables(cfg["tables_from"])
+        print(text)
+        return text
     if cfg["quick"]:
         defaults = config_defaults(globals())
         for k, v in QUICK.items():

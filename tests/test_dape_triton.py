@@ -349,7 +349,7 @@ TIGHTEST = [(86, "bfloat16", 12, 64, 32, 1, True, True), (86, "bfloat16", 12, 64
             (86, "bfloat16", 32, 128, 32, 1, True, True), (86, "float16", 32, 128, 32, 3, True, True),
             (86, "bfloat16", 32, 128, 32, 3, "terms", True),
             (86, "float32", 12, 64, 32, 1, True, True), (86, "float32", 12, 64, 32, 3, True, True)]
-# What the slow test compares with docs/kernel_fit.json: one entry per architecture
+# What the slow test compares with docs/results/kernel_fit.json: one entry per architecture
 SAMPLE = [(80, "bfloat16", 12, 64, 32, 3, True, True), (86, "bfloat16", 12, 64, 32, 3, True, True),
           (89, "float16", 32, 80, 32, 1, True, True), (90, "bfloat16", 32, 128, 32, 3, "terms", True),
           (86, "float32", 4, 32, 32, 3, False, False)]
@@ -361,7 +361,7 @@ for arch, dtype, H, hs, D, ks, bias, causal in json.loads(sys.argv[1]):
     result = dape_triton.compile_for(arch, getattr(torch, dtype), H, hs, D, ks, bias=bias, causal=causal)
     print(json.dumps(result), flush=True)
 """
-FIT_TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "kernel_fit.json")
+FIT_TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "results", "kernel_fit.json")
 
 
 def compile_sample(sample):
@@ -398,7 +398,7 @@ def test_the_tightest_kernels_fit_sm86():
 
 
 def test_the_fingerprint_ignores_comments_and_docstrings(monkeypatch):
-    """source_hash(), which ties docs/kernel_fit.json to the kernels, reads their code: a comment or a
+    """source_hash(), which ties docs/results/kernel_fit.json to the kernels, reads their code: a comment or a
     docstring added to every function it reads leaves it as it was; a statement changes it."""
     import inspect
     real = inspect.getsource
@@ -421,12 +421,12 @@ def test_the_fingerprint_ignores_comments_and_docstrings(monkeypatch):
 
 @pytest.mark.slow
 def test_fit_table_entries_are_what_the_compiler_says():
-    """docs/kernel_fit.json (bench.py --sections=fit) says of a sample of its entries, one per architecture,
+    """docs/results/kernel_fit.json (bench.py --sections=fit) says of a sample of its entries, one per architecture,
     exactly what compiling them now says, when it was made with this Triton and these kernels."""
     import triton
     table, entries = fit_table()
     if table["triton"] != triton.__version__ or table["source_hash"] != dape_triton.source_hash():
-        pytest.skip("docs/kernel_fit.json was made with another Triton or other kernels")
+        pytest.skip("docs/results/kernel_fit.json was made with another Triton or other kernels")
     for key, result in zip(SAMPLE, compile_sample(SAMPLE)):
         H, hs, D = TABLE_ROW.get(key[2:5], key[2:5])
         row = entries[(*key[:2], H, hs, D, *key[5:])]
@@ -443,9 +443,9 @@ def test_fit_table_covers_every_combination_and_each_fits():
     import triton
     table, entries = fit_table()
     if table["triton"] != triton.__version__:
-        pytest.skip(f"docs/kernel_fit.json was compiled with Triton {table['triton']}, this is {triton.__version__}")
+        pytest.skip(f"docs/results/kernel_fit.json was compiled with Triton {table['triton']}, this is {triton.__version__}")
     assert table["source_hash"] == dape_triton.source_hash(), \
-        "docs/kernel_fit.json describes other kernels: regenerate it with python bench.py --sections=fit"
+        "docs/results/kernel_fit.json describes other kernels: regenerate it with python bench.py --sections=fit"
     shapes = bench.config_head_shapes()
     archs, dtypes = [80, 86, 89, 90], ["bfloat16", "float16", "float32"]
     want = {(a, d, *s, ks, b, c) for a in archs for d in dtypes for s in shapes for ks in (1, 3)

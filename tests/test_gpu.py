@@ -1,7 +1,8 @@
 """What only a GPU can show: the fused DAPE kernels of dape_triton.py compiled and run on it, at every
 variant in bfloat16, float16 and float32; the model's fused path training like its PyTorch path; KV-cache
-decoding through the kernels. Run them with `bash test.sh -m gpu` (then `python bench.py --size=125m
---sections=gpu` for speed and memory). Without CUDA each test is skipped and says why.
+decoding through the kernels. `python gpu_check.py` runs them, in one process per CPU core, then measures
+speed and memory; alone: `python -m pytest -m gpu tests/test_gpu.py`. Without CUDA each test is skipped
+and says why.
 
 Tolerances. float32: every product in IEEE float32, so the kernels match the float64 reference to float32
 rounding (1e-4 of each tensor's scale). float16 / bfloat16: against reference_rounded (rounded where the

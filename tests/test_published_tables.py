@@ -8,7 +8,7 @@ import shlex
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PAGES = ['docs/che_results.md', 'docs/passkey_results.md', 'docs/retrieval.md']
+PAGES = ['docs/che_results.md', 'docs/passkey_results.md', 'docs/retrieval.md', 'docs/gpu.md']
 BLOCK = re.compile(r'<!-- table: (?P<command>[^\n]*?) -->\n(?P<text>.*?)\n<!-- end table -->', re.S)
 KEPT = re.compile(r'<!-- search log, not regenerated: [^\n]*? -->\n(?P<text>.*?)\n<!-- end search log -->', re.S)
 
@@ -36,6 +36,12 @@ def run(command):
         if script == 'eval_passkey.py':
             import eval_passkey
             return eval_passkey.main(args)
+        if script == 'gpu_check.py':
+            import gpu_check
+            return gpu_check.main(args)
+        if script == 'bench.py':
+            import bench
+            return bench.main(args)
     finally:
         os.chdir(cwd)
     raise AssertionError(f"no way to run {command!r} here")

@@ -1,0 +1,79 @@
+"""gpu_check.py, the one command for a lent GPU: its dry run goes through every part at tiny size (the GPU
+tests collected and, without CUDA, skipped; the benchmark of every model; the JSON; the tables), and its
+test runner counts failures and stops a shard at its limit, failing the command."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import gpu_check
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS = gpu_check.models.split(",")
+
+
+def test_the_dry_run_goes_through_every_part(tmp_path):
+    out = tmp_path / "gpu.json"
+    run = subprocess.run([sys.executable, "gpu_check.py", "--dry", "--jobs=2", f"--out={out}"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["meta"]["dry"] is True and res["meta"]["seconds"] > 0
+    tests = res["tests"]
+    assert tests["collected"] >= 60 and sum(tests["counts"].values()) == tests["collected"], tests
+    assert tests["processes"] == 2 and not tests["failures"] and not tests["timed_out"]
+    bench = res["bench"]
+    assert [r["model"] for r in bench["rows"]] == MODELS and all(r["ms"] > 0 for r in bench["rows"])
+    assert {(e["model"], e["T"]) for e in bench["eval"]} == {(m, T) for m in MODELS for T in (128, 256)}
+    assert all(e["ms"] > 0 for e in bench["eval"]) and len(bench["verdicts"]) == 5
+    text = gpu_check.main([f"--tables_from={out}"])
+    assert text in run.stdout  # what it printed is what the saved file prints
+    assert text.startswith("Dry run, tiny sizes, ") and "| kerple+v1:torch | 64 x 4 |" in text
+
+
+def test_a_failing_or_stuck_test_fails_the_command(tmp_path, monkeypatch):
+    (tmp_path / "test_x.py").write_text(
+        "import time, pytest\n"
+        "pytestmark = pytest.mark.gpu\n"
+        "def test_a(): pass\n"
+        "def test_b(): assert 1 == 2\n"
+        "def test_c(): time.sleep(120)\n")
+    monkeypatch.setattr(gpu_check, "ROOT", str(tmp_path))
+    monkeypatch.setattr(gpu_check, "TESTS", "test_x.py")
+    cfg = dict(gpu_check.config_defaults(vars(gpu_check)), jobs=3, test_seconds=20)
+    res = gpu_check.run_tests(cfg)
+    assert res["collected"] == 3 and res["processes"] == 3
+    assert res["counts"] == {"passed": 1, "failed": 1} and res["timed_out"] == 1, res
+    assert res["failures"] and res["failures"][0].startswith("FAILED test_x.py::test_b")
+    monkeypatch.setattr(gpu_check, "run_tests", lambda cfg: res)
+    monkeypatch.setattr(gpu_check, "run_bench", lambda cfg: dict(error="bench.py failed:\nbecause", seconds=1.0))
+    with pytest.raises(SystemExit, match="a part failed"):
+        gpu_check.main([f"--out={tmp_path / 'gpu.json'}"])
+    text = gpu_check.tables(json.loads((tmp_path / "gpu.json").read_text()))
+    assert "1 failed, 1 passed, 1 stopped at the limit" in text and "- FAILED test_x.py::test_b" in text
+    assert text.endswith("bench.py: bench.py failed: (1 s).")
+
+
+def test_tables_show_what_did_not_run():
+    """A model out of memory, one past the deadline and the evaluation's figures, as a GPU run leaves them."""
+    row = lambda model, **kw: dict(dict(model=model, pos="kerple", dape="none", T=512, batch=32, compiled=False), **kw)
+    res = dict(meta=dict(gpu="NVIDIA H100 80GB HBM3", torch="2.11.0", triton="3.6.0", cpus=16, cpu="x86_64",
+                         dry=False, started="2026-11-26 12:00", seconds=300.0),
+               tests=dict(collected=66, processes=16, counts={"passed": 66}, failures=[], timed_out=0, seconds=80.0),
+               bench=dict(reference="kerple", seconds=200.0, size=dict(n_layer=12, n_head=12, n_embd=768),
+                          rows=[row("kerple", ms=30.0, ratio=1.0, vs_base=1.0, peak_mb=10240.0),
+                                row("kerple+v2:torch", skipped="out of memory"),
+                                row("path", skipped="past --gpu_deadline"),
+                                row("kerple", compiled=True, ms=20.0)],
+                          eval=[dict(model="kerple", T=T, ms=T / 100, ratio=1.0, peak_mb=2048.0) for T in (2048, 8192)],
+                          verdicts=[dict(target="a target", verdict="met", shown="1.10")]))
+    text = gpu_check.tables(res)
+    assert text.startswith("NVIDIA H100 80GB HBM3; torch 2.11.0, Triton 3.6.0; 2026-11-26 12:00; 5.0 min in all.")
+    assert "66 in 16 processes): 66 passed; 80 s." in text
+    assert "| kerple | 512 x 32 | 30.0 | 1.00 | 1.00 | 10.0 |" in text and "20.0" not in text  # eager rows only
+    assert "| kerple+v2:torch | 512 x 32 | out of memory | out of memory | out of memory | - |" in text
+    assert "| path | 512 x 32 | past --gpu_deadline |" in text
+    assert "| kerple | 20.5 (1.00) | 81.9 (1.00) | 2.0 |" in text and "| a target | met | 1.10 |" in text
