@@ -147,8 +147,9 @@ def md_sections(path, titles):
     return "\n\n".join(out)
 
 
-def rope_section(results_dir):
-    """RoPE read with PI, NTK-aware and YaRN beside Kerple, DAPE-Kerple and ALiBi, and the loss by position."""
+def rope_section(results_dir, has_plot):
+    """RoPE read with PI, NTK-aware and YaRN beside Kerple, DAPE-Kerple and ALiBi, and the loss by position
+    (has_plot: docs/ shows its plot)."""
     path = os.path.join(results_dir, "rope_scaling", "results.json")
     if not os.path.exists(path):
         return ""
@@ -172,9 +173,7 @@ def rope_section(results_dir):
                      f"beta = 32 (the default, chosen for LLaMA's 4096 tokens): at this length YaRN interpolates "
                      f"every dimension at least in part, as PI does")
     figure = ""
-    if os.path.exists(os.path.join(results_dir, "rope_scaling", "loss_by_position.png")):
-        shutil.copyfile(os.path.join(results_dir, "rope_scaling", "loss_by_position.png"),
-                        os.path.join(ROOT, "docs", "demo_loss_by_position.png"))
+    if has_plot:
         figure = ("\n\n![loss by position in the longest windows](demo_loss_by_position.png)\n\n"
                   "Mean loss at each position of the longest windows (log-spaced buckets; dotted: the training "
                   "length): where past the training length each model starts to lose the thread.")
@@ -232,9 +231,42 @@ are in [docs/passkey_results.md](passkey_results.md).
 {chr(10).join('- ' + n for n in lines)}"""
 
 
-def main(results_dir, minutes=None, models=None):
-    with open(os.path.join(results_dir, "results.json")) as f:
+SAVED = ("results.json", "rope_scaling/results.json", "passkey/passkey.json", "passkey/passkey.md")
+
+
+def save(results_dir, minutes=None, models=None):
+    """Copy what the tables are made of into docs/results/demo/ (the files of SAVED that the run wrote, and
+    meta.json: when, where, how long), replacing an earlier run's, and the plots into docs/."""
+    saved = os.path.join(ROOT, "docs", "results", "demo")
+    if not os.path.isfile(os.path.join(results_dir, "results.json")):
+        sys.exit(f"no {results_dir}/results.json: eval_extrapolate.py --out_dir={results_dir} writes it (demo.sh runs both)")
+    tmp = saved + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    for name in SAVED:
+        if os.path.exists(os.path.join(results_dir, name)):
+            os.makedirs(os.path.dirname(os.path.join(tmp, name)), exist_ok=True)
+            shutil.copyfile(os.path.join(results_dir, name), os.path.join(tmp, name))
+    plot = os.path.join(results_dir, "rope_scaling", "loss_by_position.png")
+    meta = dict(date=datetime.date.today().isoformat(), machine=machine(), minutes=minutes, models=models,
+                loss_by_position_plot=os.path.exists(plot))
+    with open(os.path.join(tmp, "meta.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+    shutil.rmtree(saved, ignore_errors=True)
+    os.replace(tmp, saved)
+    shutil.copyfile(os.path.join(results_dir, "ppl_vs_length.png"), os.path.join(ROOT, "docs", "demo_ppl_vs_length.png"))
+    if meta["loss_by_position_plot"]:
+        shutil.copyfile(plot, os.path.join(ROOT, "docs", "demo_loss_by_position.png"))
+    return saved
+
+
+def render(saved):
+    """The README section and docs/demo_results.md from the files save() wrote."""
+    with open(os.path.join(saved, "results.json")) as f:
         results = json.load(f)
+    with open(os.path.join(saved, "meta.json")) as f:
+        meta = json.load(f)
+    minutes, models = meta["minutes"], meta["models"]
     args = results["runs"][0]["model_args"]
     iters = sorted({run["iter_num"] for run in results["runs"]})
     protocol = results["protocol"]
@@ -259,9 +291,7 @@ negative: DAPE lower):
     scope = (f"with {seeds} seeds of the pairs that carry the claim, which is enough for a p-value but not for "
              f"a small one unless the gap is several standard deviations" if several else
              "with one seed, so no p-value can be computed (`bash demo.sh` runs three)")
-    os.makedirs(os.path.join(ROOT, "docs"), exist_ok=True)
-    shutil.copyfile(os.path.join(results_dir, "ppl_vs_length.png"), os.path.join(ROOT, "docs", "demo_ppl_vs_length.png"))
-    today, where = datetime.date.today().isoformat(), machine()
+    today, where = meta["date"], meta["machine"]
     took = ("" if minutes is None or models is None else
             f" It trained {models} models and took {minutes} min from start to end on that machine.")
 
@@ -312,8 +342,13 @@ trained for minutes on bytes rather than days on BPE tokens, {scope}; absolute p
 and the size of the gaps are not comparable. It does test the
 qualitative claims (RoPE degrading past its training length, ALiBi flat, DAPE-X at or below X), with
 every model seeing the same scored bytes; where the list above disagrees with the paper, that is the
-result of this run, not tuned away.{rope_section(results_dir)}{passkey_section(results_dir)}
+result of this run, not tuned away.{rope_section(saved, meta["loss_by_position_plot"])}{passkey_section(saved)}
 """
+    return section, page
+
+
+def main(results_dir, minutes=None, models=None):
+    section, page = render(save(results_dir, minutes, models))
 
     readme_path = os.path.join(ROOT, "README.md")
     with open(readme_path) as f:
@@ -327,14 +362,29 @@ result of this run, not tuned away.{rope_section(results_dir)}{passkey_section(r
         with open(tmp, "w") as f:
             f.write(text)
         os.replace(tmp, path)
-    print(f"README.md (its results section) and docs/demo_results.md rewritten from {results_dir}/results.json; "
-          f"plot in docs/demo_ppl_vs_length.png")
+    print(f"README.md (its results section) and docs/demo_results.md rewritten from {results_dir}/results.json, "
+          f"which is kept with what else they are made of in docs/results/demo/; plots in docs/")
+
+
+def tables_from(saved):
+    """What main() writes, printed from a saved run: the README section, then docs/demo_results.md."""
+    if not os.path.isfile(os.path.join(saved, "results.json")):
+        sys.exit(f"--tables_from: no {saved}/results.json (demo_report.py RESULTS_DIR writes docs/results/demo/)")
+    section, page = render(saved)
+    text = f"{section}\n\n{page}"
+    print(text)
+    return text
 
 
 if __name__ == "__main__":
     options = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
     positional = [a for a in sys.argv[1:] if not a.startswith("--")]
-    if set(options) - {"minutes", "models"} or len(positional) > 1 or len(sys.argv) - 1 > len(options) + len(positional):
-        sys.exit("usage: python demo_report.py [RESULTS_DIR] [--minutes=M --models=N]")
-    main(positional[0] if positional else "results/demo",
-         *(int(options[k]) if k in options else None for k in ("minutes", "models")))
+    if (set(options) - {"minutes", "models", "tables_from"} or len(positional) > 1
+            or len(sys.argv) - 1 > len(options) + len(positional) or ("tables_from" in options and len(options) > 1)):
+        sys.exit("usage: python demo_report.py [RESULTS_DIR] [--minutes=M --models=N]\n"
+                 "       python demo_report.py --tables_from=docs/results/demo")
+    if "tables_from" in options:
+        tables_from(options["tables_from"])
+    else:
+        main(positional[0] if positional else "results/demo",
+             *(int(options[k]) if k in options else None for k in ("minutes", "models")))

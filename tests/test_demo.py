@@ -87,6 +87,14 @@ def test_demo_smoke_runs_end_to_end(tmp_path):
     assert (tmp_path / "docs" / "demo_ppl_vs_length.png").exists()
     assert "RoPE context extension at evaluation" in page and "Passkey retrieval" in page
     assert (tmp_path / "docs" / "demo_loss_by_position.png").exists()
+    # what they are made of is kept in docs/results/demo/, from which --tables_from prints them again
+    saved = tmp_path / "docs" / "results" / "demo"
+    assert sorted(str(p.relative_to(saved)) for p in saved.rglob("*") if p.is_file()) == [
+        "meta.json", "passkey/passkey.json", "passkey/passkey.md", "results.json", "rope_scaling/results.json"]
+    again = subprocess.run([sys.executable, "demo_report.py", "--tables_from=docs/results/demo"], cwd=tmp_path,
+                           check=True, capture_output=True, text=True).stdout
+    written = "<!-- demo-results:start -->" + section.split("<!-- demo-results:end -->")[0] + "<!-- demo-results:end -->"
+    assert again == f"{written}\n\n{page}\n"
 
 
 def test_demo_and_its_report_refuse_bad_arguments(tmp_path):
@@ -98,6 +106,12 @@ def test_demo_and_its_report_refuse_bad_arguments(tmp_path):
     run = subprocess.run([sys.executable, os.path.join(ROOT, "demo_report.py"), str(tmp_path), "--minute=3"],
                          capture_output=True, text=True)
     assert run.returncode == 1 and run.stderr.startswith("usage: python demo_report.py"), run.stderr
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "demo_report.py"), str(tmp_path)], capture_output=True,
+                         text=True)
+    assert run.returncode == 1 and run.stderr.startswith(f"no {tmp_path}/results.json: eval_extrapolate.py"), run.stderr
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "demo_report.py"), f"--tables_from={tmp_path}"],
+                         capture_output=True, text=True)
+    assert run.returncode == 1 and run.stderr.startswith(f"--tables_from: no {tmp_path}/results.json"), run.stderr
 
 
 def _comparison(pvalues):

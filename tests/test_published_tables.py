@@ -63,3 +63,20 @@ def test_every_results_page_table_is_regenerated_or_says_why_not():
         rest = KEPT.sub('', BLOCK.sub('', text))
         stray = [line for line in rest.splitlines() if line.startswith('|')]
         assert not stray, f"{page}: table rows that no command writes: {stray[:3]}"
+
+
+def test_the_demo_section_and_page_are_what_demo_report_prints():
+    """The README's demo section and docs/demo_results.md are what `demo_report.py --tables_from=docs/results/demo`
+    prints from the files the demo kept; a section measured before those files were kept says so."""
+    import demo_report
+    with open(os.path.join(ROOT, 'README.md')) as f:
+        readme = f.read()
+    with open(os.path.join(ROOT, 'docs', 'demo_results.md')) as f:
+        page = f.read()
+    section = demo_report.START + readme.split(demo_report.START)[1].split(demo_report.END)[0] + demo_report.END
+    saved = os.path.join(ROOT, 'docs', 'results', 'demo')
+    if not os.path.exists(os.path.join(saved, 'results.json')):
+        exempt = '<!-- not regenerated: measured before demo_report.py kept its inputs in docs/results/demo/'
+        assert section.startswith(demo_report.START + exempt) and exempt in page.splitlines()[1]
+        return
+    assert demo_report.tables_from(saved) == f"{section}\n\n{page}", "rewrite them: python demo_report.py results/demo"
