@@ -36,6 +36,7 @@ in passkey.md and `groups` in passkey.json, and for every DAPE-X beside its X (l
 Welch's p, over the seeds that learned and over every seed (`comparisons`).
 
     python eval_passkey.py --tables_from=docs/results/passkey_cpu.json     # a results page's tables again
+    python eval_passkey.py out-passkey/kerple_s6 --save_runs=docs/results/passkey_cpu.json  # a run added to them
 """
 
 import dataclasses
@@ -78,6 +79,7 @@ dtype = 'auto'           # auto: bfloat16 autocast on a GPU that supports it, el
 out_dir = 'results/passkey'
 plot = True
 tables_from = ''         # a passkey.json: print its tables over seeds (Markdown, as the results pages show them)
+save_runs = ''           # a results file (docs/results/passkey_cpu.json): add these runs' figures to it
 config_keys = [k for k in globals() if k not in _names_before_config and not k.startswith('_')]
 
 
@@ -271,6 +273,10 @@ def evaluate(cfg, ckpt_paths):
     if not lens:
         raise InputError("none of the default lengths holds a passkey prompt; give longer ones with --lengths=")
 
+    if cfg['save_runs']:  # a file of another protocol fails now, not after the evaluation
+        saved_runs(cfg['save_runs'], {'lengths': lens, 'depths': deps, 'trials': cfg['trials'], 'filler': cfg['filler'],
+                                      'seed': cfg['seed'], 'digits': cfg['digits'],
+                                      'learned_exact': cfg['learned_exact']})
     print(f"passkey retrieval on {dev}: lengths {lens}, depths {deps}, {cfg['trials']} trials each, "
           f"filler={cfg['filler']}, seed {cfg['seed']}")
     rows = []
@@ -315,6 +321,8 @@ def evaluate(cfg, ckpt_paths):
     groups = group_rows(rows, lens, cfg['learned_exact'])
     comparisons = compare_groups(groups, lens)
     write_outputs(cfg, protocol, rows, lens, groups, comparisons)
+    if cfg['save_runs']:
+        save_runs(cfg['save_runs'], protocol, rows)
     return {'protocol': protocol, 'rows': rows, 'groups': groups, 'comparisons': comparisons}
 
 
@@ -438,6 +446,45 @@ def tables_from_file(path):
     lens = saved['protocol']['lengths']
     rows = [dict(r, per_length={int(L): c for L, c in r['per_length'].items()}) for r in saved['rows']]
     return seed_tables(saved['protocol'], rows, lens)
+
+
+SAME_PROTOCOL = ('lengths', 'depths', 'trials', 'filler', 'seed', 'digits')  # what makes two runs' figures comparable
+
+
+def saved_runs(path, protocol):
+    """The results file `path` (a new one if there is none), if its runs were evaluated as `protocol` says."""
+    if not os.path.exists(path):
+        return {'protocol': {k: protocol[k] for k in SAME_PROTOCOL + ('learned_exact',)}, 'rows': []}
+    with open(path) as f:
+        saved = json.load(f)
+    theirs = {k: saved['protocol'][k] for k in SAME_PROTOCOL if k in saved['protocol']}
+    ours = {k: protocol[k] for k in theirs}
+    if theirs != ours:
+        raise InputError(f"--save_runs: {path} holds runs evaluated with {theirs}, this evaluation uses {ours}: "
+                         f"evaluate with the file's settings, or save to another file")
+    return saved
+
+
+def save_runs(path, protocol, rows):
+    """Merge rows into the results file `path` (a results page's, read by --tables_from): each run's label,
+    setting, seed, training length and per length its exact match and log-likelihood per token, marked
+    `source: run`; a run of the same label is replaced in place, a new one follows the last run of its
+    setting. A file of another protocol is an error, left as it was; the file is written whole or not at all."""
+    saved = saved_runs(path, protocol)
+    kept = [{'label': r['label'], 'setting': r['setting'], 'seed': r['seed'], 'block_size': r['block_size'],
+             'per_length': {str(L): c if isinstance(c, str) else {'accuracy': c['accuracy'], 'logp_mean': c['logp_mean']}
+                            for L, c in r['per_length'].items()}, 'source': 'run'} for r in rows]
+    for row in kept:
+        labels = [r['label'] for r in saved['rows']]
+        if row['label'] in labels:
+            saved['rows'][labels.index(row['label'])] = row
+            continue
+        same = [i for i, r in enumerate(saved['rows']) if r['setting'] == row['setting']]
+        saved['rows'].insert(same[-1] + 1 if same else len(saved['rows']), row)
+    with open(path + '.tmp', 'w') as f:
+        json.dump(saved, f, indent=1)
+    os.replace(path + '.tmp', path)
+    print(f"{len(kept)} run(s) saved in {path}")
 
 
 def write_outputs(cfg, protocol, rows, lens, groups=(), comparisons=()):

@@ -531,6 +531,49 @@ def test_tables_from_a_results_file(tmp_path):
     assert '| k_s2 | 100% | 30% |' in text
 
 
+def test_save_runs_adds_an_evaluation_to_a_results_file(tmp_path, monkeypatch):
+    """--save_runs merges the evaluated runs into a results file (source: run, exact match and log-likelihood per
+    length), replacing a run of the same label in place and putting a new one after its setting's last; the
+    file's tables then include it. A file of another protocol is refused before anything is evaluated."""
+    root = str(tmp_path)
+    make_text_data(os.path.join(root, 'data'))
+    ckpt = make_ckpt(root, 'kerple_s3', pos='kerple')
+    scored = []
+
+    def fake_score(model, ps, device='cpu', ctx=None, batch=1):
+        scored.append(len(ps))
+        for p in ps:
+            n = p['answer'].stop - p['answer'].start
+            p.update(exact=p['length'] == 96, logp_mean=-0.5, logp=-0.5 * n, said=p['ids'][p['answer']].tolist())
+        return ps
+
+    monkeypatch.setattr(EP, 'score_prompts', fake_score)
+    path = tmp_path / 'passkey_cpu.json'
+    protocol = {'lengths': [96, 192], 'depths': [0, 0.5, 1], 'trials': 2, 'filler': 'val', 'seed': 1337,
+                'learned_exact': 0.5}
+    old = lambda label, setting, acc: {'label': label, 'setting': setting, 'seed': int(label[-1]), 'block_size': 48,
+                                       'per_length': {'96': {'accuracy': acc}, '192': {'accuracy': acc}}}
+    path.write_text(json.dumps({'what': 'kept', 'protocol': protocol, 'rows': [
+        old('kerple_s1', 'kerple', 1.0), old('kerple_s3', 'kerple', 0.1), old('kerple_s2', 'kerple', 0.2),
+        old('alibi_s1', 'alibi', 0.0)]}))
+    EP.evaluate(ep_cfg(out_dir=os.path.join(root, 'res'), plot=False, save_runs=str(path)), [ckpt])
+    saved = json.loads(path.read_text())
+    assert saved['what'] == 'kept' and [r['label'] for r in saved['rows']] == ['kerple_s1', 'kerple_s3', 'kerple_s2',
+                                                                             'alibi_s1']
+    assert saved['rows'][1] == {'label': 'kerple_s3', 'setting': 'kerple', 'seed': None, 'block_size': 48, 'source': 'run',
+                                'per_length': {'96': {'accuracy': 1.0, 'logp_mean': -0.5},
+                                               '192': {'accuracy': 0.0, 'logp_mean': -0.5}}}
+    assert '| kerple_s3 | 100% | 0% |' in EP.main([f'--tables_from={path}'])
+    new = [make_ckpt(root, 'kerple_s4', pos='kerple'), make_ckpt(root, 'rope_s1', pos='rope')]
+    EP.evaluate(ep_cfg(out_dir=os.path.join(root, 'res'), plot=False, save_runs=str(path)), new)
+    assert [r['label'] for r in json.loads(path.read_text())['rows']] == [
+        'kerple_s1', 'kerple_s3', 'kerple_s2', 'kerple_s4', 'alibi_s1', 'rope_s1']
+    before, n = path.read_text(), len(scored)
+    with pytest.raises(InputError, match="holds runs evaluated with .*'trials': 2.* uses .*'trials': 3"):
+        EP.evaluate(ep_cfg(out_dir=os.path.join(root, 'res'), plot=False, save_runs=str(path), trials=3), [ckpt])
+    assert path.read_text() == before and len(scored) == n
+
+
 def test_zero_init_is_compared_with_its_encoding_and_with_the_default_init():
     """'dape-kerple-zero' (dape_init zero: common.base_label) against 'kerple' and against 'dape-kerple'."""
     import eval_passkey
