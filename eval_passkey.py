@@ -322,7 +322,7 @@ def evaluate(cfg, ckpt_paths):
     comparisons = compare_groups(groups, lens)
     write_outputs(cfg, protocol, rows, lens, groups, comparisons)
     if cfg['save_runs']:
-        save_runs(cfg['save_runs'], protocol, rows)
+        merge_runs(cfg['save_runs'], protocol, rows)
     return {'protocol': protocol, 'rows': rows, 'groups': groups, 'comparisons': comparisons}
 
 
@@ -465,11 +465,11 @@ def saved_runs(path, protocol):
     return saved
 
 
-def save_runs(path, protocol, rows):
+def merge_runs(path, protocol, rows):
     """Merge rows into the results file `path` (a results page's, read by --tables_from): each run's label,
     setting, seed, training length and per length its exact match and log-likelihood per token, marked
-    `source: run`; a run of the same label is replaced in place, a new one follows the last run of its
-    setting. A file of another protocol is an error, left as it was; the file is written whole or not at all."""
+    `source: run`; a run of the same label is replaced in place, a new one goes among its setting's runs
+    by seed (before the first of a larger seed). A file of another protocol is an error, left as it was; the file is written whole or not at all."""
     saved = saved_runs(path, protocol)
     kept = [{'label': r['label'], 'setting': r['setting'], 'seed': r['seed'], 'block_size': r['block_size'],
              'per_length': {str(L): c if isinstance(c, str) else {'accuracy': c['accuracy'], 'logp_mean': c['logp_mean']}
@@ -480,7 +480,8 @@ def save_runs(path, protocol, rows):
             saved['rows'][labels.index(row['label'])] = row
             continue
         same = [i for i, r in enumerate(saved['rows']) if r['setting'] == row['setting']]
-        saved['rows'].insert(same[-1] + 1 if same else len(saved['rows']), row)
+        later = [i for i in same if (saved['rows'][i]['seed'] or 0) > (row['seed'] or 0)]
+        saved['rows'].insert(later[0] if later else same[-1] + 1 if same else len(saved['rows']), row)
     with open(path + '.tmp', 'w') as f:
         json.dump(saved, f, indent=1)
     os.replace(path + '.tmp', path)

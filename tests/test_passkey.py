@@ -564,10 +564,14 @@ def test_save_runs_adds_an_evaluation_to_a_results_file(tmp_path, monkeypatch):
                                 'per_length': {'96': {'accuracy': 1.0, 'logp_mean': -0.5},
                                                '192': {'accuracy': 0.0, 'logp_mean': -0.5}}}
     assert '| kerple_s3 | 100% | 0% |' in EP.main([f'--tables_from={path}'])
-    new = [make_ckpt(root, 'kerple_s4', pos='kerple'), make_ckpt(root, 'rope_s1', pos='rope')]
-    EP.evaluate(ep_cfg(out_dir=os.path.join(root, 'res'), plot=False, save_runs=str(path)), new)
+    EP.evaluate(ep_cfg(out_dir=os.path.join(root, 'res'), plot=False, save_runs=str(path)),
+                [make_ckpt(root, 'rope_s1', pos='rope')])
+    rows = json.loads(path.read_text())['rows']
+    assert [r['label'] for r in rows] == ['kerple_s1', 'kerple_s3', 'kerple_s2', 'alibi_s1', 'rope_s1']
+    # a new run goes among its setting's runs by seed: before the first of a larger seed, else after the last
+    EP.merge_runs(str(path), protocol, [dict(rows[1], label='kerple_s0', seed=0), dict(rows[1], label='kerple_s9', seed=9)])
     assert [r['label'] for r in json.loads(path.read_text())['rows']] == [
-        'kerple_s1', 'kerple_s3', 'kerple_s2', 'kerple_s4', 'alibi_s1', 'rope_s1']
+        'kerple_s0', 'kerple_s1', 'kerple_s3', 'kerple_s2', 'kerple_s9', 'alibi_s1', 'rope_s1']
     before, n = path.read_text(), len(scored)
     with pytest.raises(InputError, match="holds runs evaluated with .*'trials': 2.* uses .*'trials': 3"):
         EP.evaluate(ep_cfg(out_dir=os.path.join(root, 'res'), plot=False, save_runs=str(path), trials=3), [ckpt])
