@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # From a fresh clone to a result, on a CPU:
 #
-#   bash demo.sh            install, prepare gutenberg_char, train small byte-level models at a short training
-#                           length (Kerple, DAPE-Kerple V1 and DAPE-Kerple V2 1x3 with three seeds each; ALiBi,
-#                           RoPE, FoX, DAPE-FoX, PaTH, DAPE-PaTH, PaTH-FoX and DAPE-PaTH-FoX with one), evaluate
-#                           them up to 16x that length (and RoPE with PI, NTK-aware and YaRN), train a RoPE
-#                           passkey model and test its retrieval up to 16x its length, and write the tables and
-#                           plots into README.md and docs/demo_results.md
-#   bash demo.sh --seeds=5  the same with five seeds of the three Kerple models (any N >= 1; p-values need 2)
+#   bash demo.sh            the headline, in about 20 minutes on 2 cores: install, prepare gutenberg_char, train
+#                           small byte-level models at a short training length (Kerple, DAPE-Kerple V1 and
+#                           DAPE-Kerple V2 1x3 with three seeds each; ALiBi and RoPE with one), evaluate them up to
+#                           16x that length (DAPE-X against X with its confidence interval and Welch's p), and
+#                           write the tables and the plot into README.md and docs/demo_results.md
+#   bash demo.sh --full     the whole study: the above, and FoX, DAPE-FoX, PaTH, DAPE-PaTH, PaTH-FoX and
+#                           DAPE-PaTH-FoX with three seeds each, RoPE read with PI, NTK-aware and YaRN, and a RoPE
+#                           passkey model tested up to 16x its length (reuses the headline's finished models)
+#   bash demo.sh --seeds=5  five seeds of every model that has several (any N >= 1; p-values need 2)
 #   bash demo.sh --smoke    the same pipeline in a minute: tiny models, a few steps, this repository's own
-#                           text as data; writes out-demo-smoke/ and results/demo-smoke/ and leaves README and docs alone
+#                           text as data; writes out-demo-smoke/ and results/demo-smoke/ and leaves README and docs
+#                           alone (with --full: the whole study's)
 #
 # Two training runs go at a time, one thread each (DEMO_JOBS=N for N at a time; each run gets the cores
 # divided by N): small models on a CPU train faster side by side than one after another on all cores.
@@ -20,12 +23,13 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
-SMOKE=0 SEEDS=
+SMOKE=0 FULL=0 SEEDS=
 for arg in "$@"; do
     case $arg in
         --smoke) SMOKE=1 ;;
+        --full) FULL=1 ;;
         --seeds=*) SEEDS=${arg#--seeds=} ;;
-        *) echo "demo.sh: unknown argument '$arg' (use --smoke and --seeds=N)" >&2; exit 2 ;;
+        *) echo "demo.sh: unknown argument '$arg' (use --full, --smoke and --seeds=N)" >&2; exit 2 ;;
     esac
 done
 [ -n "$SEEDS" ] || SEEDS=$([ $SMOKE = 1 ] && echo 2 || echo 3)  # the smoke run: 2, the fewest p-values take
@@ -62,19 +66,22 @@ else
     PK_ARGS="--block_size=128 --batch_size=16 --passkey_frac=0.5 --max_iters=1500 --lr_decay_iters=1500"
     PK_EVAL_ARGS="--trials=10"
 fi
+[ $FULL = 0 ] || RESULTS=$RESULTS-full  # the whole study's results apart from the headline's; the models are shared
 
 # name  pos  dape  seeds (all: 1..SEEDS; one: seed 1): the pairs that carry the claim get every seed
 RUNS="kerple        kerple   none all
       dape_kerple   kerple   v1   all
       dape2_kerple  kerple   v2   all
       alibi         alibi    none one
-      rope          rope     none one
-      fox           fox      none one
-      dape_fox      fox      v1   one
-      path          path     none one
-      dape_path     path     v1   one
-      path_fox      path_fox none one
-      dape_path_fox path_fox v1   one"
+      rope          rope     none one"
+# --full: the 2025 data-dependent encodings beside their DAPE versions (does DAPE help them?), every seed
+[ $FULL = 0 ] || RUNS="$RUNS
+      fox           fox      none all
+      dape_fox      fox      v1   all
+      path          path     none all
+      dape_path     path     v1   all
+      path_fox      path_fox none all
+      dape_path_fox path_fox v1   all"
 
 # train_one DIR POS DAPE SEED [ARGS...]: one run into DIR, its output into $OUT/logs/; resumes a checkpoint
 train_one() {
@@ -114,9 +121,9 @@ run_all() {
 
 mkdir -p $OUT/logs
 n=$(( SEEDS * $(echo "$RUNS" | grep -c ' all$') + $(echo "$RUNS" | grep -c ' one$') ))
-# progress: each model that finishes adds its name to $PROGRESS, and says how many of TOTAL (the passkey
-# model included) are done and, from the time per model so far, about how much training is left
-PROGRESS=$OUT/logs/finished TOTAL=$((n + 1)) TRAIN_T0=$(date +%s)
+# progress: each model that finishes adds its name to $PROGRESS, and says how many of TOTAL (with --full the
+# passkey model included) are done and, from the time per model so far, about how much training is left
+PROGRESS=$OUT/logs/finished TOTAL=$((n + FULL)) TRAIN_T0=$(date +%s)
 : > "$PROGRESS"
 step "training $n models, $JOBS at a time with $THREADS thread(s) each (logs: $OUT/logs/)"
 run_all "$RUNS" "$TRAIN_ARGS"
@@ -126,6 +133,7 @@ step "evaluating at 1, 2, 4, 8 and 16x the training length (seeds grouped, DAPE-
 BLOCK=$($PY -c "import torch; print(torch.load('$OUT/kerple_s1/ckpt.pt', weights_only=True)['model_args']['block_size'])")
 $PY eval_extrapolate.py $CKPTS --max_length=$((16 * BLOCK)) --out_dir=$RESULTS $EVAL_ARGS
 
+if [ $FULL = 1 ]; then
 step "RoPE read with PI, NTK-aware and YaRN beside Kerple, DAPE-Kerple and ALiBi (seed 1), and the loss at every position"
 $PY eval_extrapolate.py $OUT/rope_s1 $OUT/kerple_s1 $OUT/dape_kerple_s1 $OUT/alibi_s1 --rope_scaling=none,pi,ntk,yarn \
     --position_loss=True --max_length=$((16 * BLOCK)) --out_dir=$RESULTS/rope_scaling $EVAL_ARGS
@@ -137,11 +145,12 @@ step "training the passkey model"
 run_all "passkey_rope rope none one" "$TRAIN_ARGS $PK_ARGS"
 step "passkey retrieval at 1, 2, 4, 8 and 16x the passkey model's training length"
 $PY eval_passkey.py $DIRS --rope_scaling=none,pi,ntk,yarn --out_dir=$RESULTS/passkey $PK_EVAL_ARGS
+fi
 
 MINUTES=$(( ($(date +%s) - T0 + 59) / 60 ))
 if [ $SMOKE = 0 ]; then
     step "writing the results into README.md and docs/demo_results.md"
-    $PY demo_report.py $RESULTS --minutes=$MINUTES --models=$((n + 1))
+    $PY demo_report.py $RESULTS --minutes=$MINUTES --models=$((n + FULL))
 fi
 step "done in $MINUTES min: table $RESULTS/results.md, data $RESULTS/results.json and results.csv, plot
-$RESULTS/ppl_vs_length.png; $RESULTS/rope_scaling/ and $RESULTS/passkey/"
+$RESULTS/ppl_vs_length.png$([ $FULL = 0 ] || echo "; $RESULTS/rope_scaling/ and $RESULTS/passkey/")"

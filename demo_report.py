@@ -3,7 +3,7 @@ Write the CPU demo's results: the README section between the demo-results marker
 perplexity table and the plot) and docs/demo_results.md (the rest of the same run). demo.sh runs it after
 eval_extrapolate.py:
 
-    python demo_report.py results/demo --minutes=52 --models=8
+    python demo_report.py results/demo --minutes=18 --models=11
 
 Both are made from results.json alone, so they always show what the last demo measured: the machine,
 the date, the training steps and the seeds it was given, the perplexity and bits-per-byte tables (mean ±
@@ -274,7 +274,8 @@ def render(saved):
     several = [g["label"] for g in results["groups"] if g["n"] > 1]
     seeds_text = (f"{seeds} seeds of {', '.join(several)}, one of the others; tables give the mean ± sample "
                   f"std over seeds" if several else "one seed each")
-    command = "bash demo.sh" + ("" if seeds == 3 else f" --seeds={seeds}")
+    full = os.path.exists(os.path.join(saved, "rope_scaling", "results.json"))  # only --full reads RoPE four ways
+    command = "bash demo.sh" + (" --full" if full else "") + ("" if seeds == 3 else f" --seeds={seeds}")
     tested = [c for c in results["comparisons"] if any(p["status"] == "ok" for p in c["p_value"].values())]
     sizes = sorted({(g["n"]) for c in tested for g in results["groups"] if g["label"] in (c["label"], c["baseline"])})
     pvalues = (f"""
@@ -291,6 +292,8 @@ negative: DAPE lower):
     scope = (f"with {seeds} seeds of the pairs that carry the claim, which is enough for a p-value but not for "
              f"a small one unless the gap is several standard deviations" if several else
              "with one seed, so no p-value can be computed (`bash demo.sh` runs three)")
+    rest = ", RoPE context extension and passkey retrieval from the same run" if full else \
+        " (`bash demo.sh --full` adds FoX and PaTH with and without DAPE, RoPE context extension and passkey retrieval)"
     today, where = meta["date"], meta["machine"]
     took = ("" if minutes is None or models is None else
             f" It trained {models} models and took {minutes} min from start to end on that machine.")
@@ -314,8 +317,7 @@ Perplexity on a log axis against the evaluation length (log2 axis, with its mult
 length); when some curves rise past twice the best perplexity, the right panel zooms on the others.
 
 Bits per byte, DAPE-X against X (the difference with its confidence interval and Welch's p), what the
-numbers show, the paper's Table 5 beside them, RoPE context extension and passkey retrieval from the same
-run: [docs/demo_results.md](docs/demo_results.md).
+numbers show, the paper's Table 5 beside them{rest}: [docs/demo_results.md](docs/demo_results.md).
 {END}"""
 
     page = f"""# The CPU demo: the rest of its results

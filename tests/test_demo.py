@@ -19,32 +19,49 @@ def copy_repo(dst):
                         ignore=shutil.ignore_patterns("*.bin", "meta.json", "raw", "__pycache__"))
 
 
+def counts_of(stdout):
+    """The progress lines' counts ('[4/11'), in the order they were printed."""
+    return [line.split("]")[0].strip() for line in stdout.splitlines() if line.strip().startswith("[")]
+
+
 def test_demo_smoke_runs_end_to_end(tmp_path):
     copy_repo(tmp_path)
     env = dict(os.environ, DEMO_SKIP_INSTALL="1", PYTHON=sys.executable)
+    # the headline: the Kerple trio with every seed, ALiBi and RoPE with one
     run = subprocess.run(["bash", "demo.sh", "--smoke"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "training 14 models, 2 at a time" in run.stdout and "done  dape_path_fox_s1 in" in run.stdout
-    # each finished model: its count of the 15 (the passkey model last) and the training left
-    counts = [line.split("]")[0].strip() for line in run.stdout.splitlines() if line.strip().startswith("[")]
-    assert counts == [f"[{k}/15" for k in range(1, 16)], counts
-    assert "[15/15] done  passkey_rope_s1 in" in run.stdout and "about 0 min of training left" in run.stdout
-    assert "done in" in run.stdout
-    res = tmp_path / "results" / "demo-smoke"
+    assert "training 8 models, 2 at a time" in run.stdout and "done in" in run.stdout
+    assert counts_of(run.stdout) == [f"[{k}/8" for k in range(1, 9)], counts_of(run.stdout)
+    assert "about 0 min of training left" in run.stdout and "training the passkey model" not in run.stdout
+    head = tmp_path / "results" / "demo-smoke"
+    results = json.loads((head / "results.json").read_text())
+    labels = ["kerple", "dape-kerple", "dapev2-kerple", "alibi", "rope"]
+    assert [(g["label"], g["n"]) for g in results["groups"]] == [(l, 2) for l in labels[:3]] + [(l, 1) for l in labels[3:]]
+    assert [(c["label"], c["baseline"]) for c in results["comparisons"]] == [("dape-kerple", "kerple"),
+                                                                           ("dapev2-kerple", "kerple")]
+    assert not (head / "rope_scaling").exists() and not (head / "passkey").exists()
+
+    # --full: the rest of the study, reusing the headline's models
+    run = subprocess.run(["bash", "demo.sh", "--smoke", "--full"], cwd=tmp_path, env=env, capture_output=True,
+                         text=True)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "training 20 models, 2 at a time" in run.stdout and run.stdout.count(", resume)") == 8
+    assert counts_of(run.stdout) == [f"[{k}/21" for k in range(1, 22)], counts_of(run.stdout)
+    assert "[21/21] done  passkey_rope_s1 in" in run.stdout
+    res = tmp_path / "results" / "demo-smoke-full"
     for name in ("results.json", "results.md", "results.csv", "ppl_vs_length.png"):
         assert (res / name).stat().st_size > 0, name
     results = json.loads((res / "results.json").read_text())
     labels = ["kerple", "dape-kerple", "dapev2-kerple", "alibi", "rope", "fox", "dape-fox", "path", "dape-path",
               "path_fox", "dape-path_fox"]
-    assert [r["label"] for r in results["runs"]] == [l for l in labels[:3] for _ in (1, 2)] + labels[3:]
-    assert [(g["label"], g["n"], g["seeds"]) for g in results["groups"]] == [
-        (l, 2, [1, 2]) for l in labels[:3]] + [(l, 1, [1]) for l in labels[3:]]
-    # DAPE-X against X: p-values where both have two seeds (Kerple's), none for the single runs
+    several = labels[:3] + labels[5:]
+    assert [r["label"] for r in results["runs"]] == [l for l in labels for _ in range(2 if l in several else 1)]
+    assert [(g["label"], g["n"]) for g in results["groups"]] == [(l, 2 if l in several else 1) for l in labels]
+    # DAPE-X against X: every pair has two seeds a side, so a p-value at every length
     assert [(c["label"], c["baseline"]) for c in results["comparisons"]] == [
         ("dape-kerple", "kerple"), ("dapev2-kerple", "kerple"), ("dape-fox", "fox"), ("dape-path", "path"),
         ("dape-path_fox", "path_fox")]
-    assert [{p["status"] == "ok" for p in c["p_value"].values()} for c in results["comparisons"]] == [
-        {True}, {True}, {False}, {False}, {False}]
+    assert all(p["status"] == "ok" for c in results["comparisons"] for p in c["p_value"].values())
     assert results["lengths"] == [16, 32, 64, 128, 256]  # 1x .. 16x the training length
     for run_ in results["runs"]:
         assert all(run_["results"][str(L)]["ppl"] > 1 for L in results["lengths"])
@@ -56,34 +73,35 @@ def test_demo_smoke_runs_end_to_end(tmp_path):
     assert [r["label"] for r in passkey["rows"]][:2] == ["passkey_rope_s1", "passkey_rope_s1+pi(s=L/128)"]
 
     # a re-run reuses the data and the finished checkpoints
-    again = subprocess.run(["bash", "demo.sh", "--smoke"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    again = subprocess.run(["bash", "demo.sh", "--smoke", "--full"], cwd=tmp_path, env=env, capture_output=True,
+                           text=True)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "already prepared" in again.stdout and again.stdout.count(", resume)") == 15  # 14 + the passkey model
+    assert "already prepared" in again.stdout and again.stdout.count(", resume)") == 21  # 20 + the passkey model
     log = (tmp_path / "out-demo-smoke" / "logs" / "dape_kerple_s2.log").read_text()
-    assert "iter 4:" in log.split("resumed from")[0] and log.count("resumed from") == 1  # appended, not replaced
+    assert "iter 4:" in log.split("resumed from")[0] and log.count("resumed from") == 2  # appended, not replaced
 
     # the README section and docs/demo_results.md are rewritten from results.json, and nothing else
     readme = tmp_path / "README.md"
     before = readme.read_text()
-    subprocess.run([sys.executable, "demo_report.py", str(res), "--minutes=7", "--models=15"], cwd=tmp_path,
+    subprocess.run([sys.executable, "demo_report.py", str(res), "--minutes=7", "--models=21"], cwd=tmp_path,
                    check=True, capture_output=True)
     after = readme.read_text()
     # outside the section nothing changes: the first command line gives the demo's measured time
     assert before.split("<!-- demo-results:start -->")[0] == after.split("<!-- demo-results:start -->")[0]
     assert before.split("<!-- demo-results:end -->")[1] == after.split("<!-- demo-results:end -->")[1]
     section = after.split("<!-- demo-results:start -->")[1]
-    assert "Measured by `bash demo.sh --seeds=2`" in section
+    assert "Measured by `bash demo.sh --full --seeds=2`" in section
     kerple = next(g for g in results["groups"] if g["label"] == "kerple")["ppl"]["16"]
     assert f"| kerple | 2 | {kerple['mean']:.3f} ± {kerple['std']:.3f} |" in section
-    assert "| fox | 1 |" in section and "| dape-fox | 1 |" in section
+    assert "| fox | 2 |" in section and "| dape-fox | 2 |" in section and "| alibi | 1 |" in section
     assert "docs/demo_ppl_vs_length.png" in section and "docs/demo_results.md" in section
     page = (tmp_path / "docs" / "demo_results.md").read_text()
     p = results["comparisons"][0]["p_value"]["16"]
-    assert f"| dape-kerple vs kerple | {p['p']:.3g} |" in page and "dape-fox vs fox" not in page
+    assert f"| dape-kerple vs kerple | {p['p']:.3g} |" in page and "| dape-fox vs fox |" in page
     assert f"| dape-kerple - kerple | {p['mean_diff']:+.3f} [{p['ci'][0]:+.3f}, {p['ci'][1]:+.3f}] |" in page
     assert "DAPE lower, Welch p < 0.05, at" in page and "below kerple at" in page
     assert "with 2 seeds of the pairs" in page and "three seeds" not in page and "runs three" not in page
-    assert "It trained 15 models and took 7 min" in page
+    assert "It trained 21 models and took 7 min" in page
     assert (tmp_path / "docs" / "demo_ppl_vs_length.png").exists()
     assert "RoPE context extension at evaluation" in page and "Passkey retrieval" in page
     assert (tmp_path / "docs" / "demo_loss_by_position.png").exists()
