@@ -6,9 +6,10 @@
 #                           DAPE-Kerple V2 1x3 with three seeds each; ALiBi and RoPE with one), evaluate them up to
 #                           16x that length (DAPE-X against X with its confidence interval and Welch's p), and
 #                           write the tables and the plot into README.md and docs/demo_results.md
-#   bash demo.sh --full     the whole study: the above, and FoX, DAPE-FoX, PaTH, DAPE-PaTH, PaTH-FoX and
-#                           DAPE-PaTH-FoX with three seeds each, RoPE read with PI, NTK-aware and YaRN, and a RoPE
-#                           passkey model tested up to 16x its length (reuses the headline's finished models)
+#   bash demo.sh --full     the whole study: the above, and FoX, DAPE-FoX, PaTH, DAPE-PaTH, PaTH-FoX,
+#                           DAPE-PaTH-FoX and DAPE-Kerple with f zero at step 0, three seeds each, RoPE read with PI,
+#                           NTK-aware and YaRN, and a RoPE passkey model tested up to 16x its length (reuses the
+#                           headline's finished models)
 #   bash demo.sh --seeds=5  five seeds of every model that has several (any N >= 1; p-values need 2)
 #   bash demo.sh --smoke    the same pipeline in a minute: tiny models, a few steps, this repository's own
 #                           text as data; writes out-demo-smoke/ and results/demo-smoke/ and leaves README and docs
@@ -74,14 +75,16 @@ RUNS="kerple        kerple   none all
       dape2_kerple  kerple   v2   all
       alibi         alibi    none one
       rope          rope     none one"
-# --full: the 2025 data-dependent encodings beside their DAPE versions (does DAPE help them?), every seed
+# --full: the 2025 data-dependent encodings beside their DAPE versions (does DAPE help them?), and DAPE-Kerple
+# with f's last layer zero at step 0 (v1:zero is --dape=v1 --dape_init=zero: docs/dape_init.md), every seed
 [ $FULL = 0 ] || RUNS="$RUNS
       fox           fox      none all
       dape_fox      fox      v1   all
       path          path     none all
       dape_path     path     v1   all
       path_fox      path_fox none all
-      dape_path_fox path_fox v1   all"
+      dape_path_fox path_fox v1   all
+      dape_kerple_zero kerple v1:zero all"
 
 # train_one DIR POS DAPE SEED [ARGS...]: one run into DIR, its output into $OUT/logs/; resumes a checkpoint
 train_one() {
@@ -90,8 +93,9 @@ train_one() {
     name=$(basename "$dir") log=$OUT/logs/$(basename "$dir").log
     [ -f "$dir/ckpt.pt" ] && init=resume  # finished: evaluates once and stops; interrupted: continues
     echo "  start $name (pos=$pos dape=$dape seed=$seed, $init)"
-    if ! OMP_NUM_THREADS=$THREADS $PY train.py config/demo_cpu.py --data_root=$DATA_ROOT --pos=$pos --dape=$dape \
-            --seed=$seed --out_dir=$dir --init_from=$init "$@" >> "$log" 2>&1; then
+    if ! OMP_NUM_THREADS=$THREADS $PY train.py config/demo_cpu.py --data_root=$DATA_ROOT --pos=$pos --dape=${dape%:*} \
+            $([ "$dape" = "${dape%:*}" ] || echo "--dape_init=${dape#*:}") --seed=$seed --out_dir=$dir --init_from=$init \
+            "$@" >> "$log" 2>&1; then
         echo "training $name failed; the end of $log:" >&2
         tail -n 20 "$log" >&2
         return 1

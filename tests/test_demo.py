@@ -45,22 +45,24 @@ def test_demo_smoke_runs_end_to_end(tmp_path):
     run = subprocess.run(["bash", "demo.sh", "--smoke", "--full"], cwd=tmp_path, env=env, capture_output=True,
                          text=True)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "training 20 models, 2 at a time" in run.stdout and run.stdout.count(", resume)") == 8
-    assert counts_of(run.stdout) == [f"[{k}/21" for k in range(1, 22)], counts_of(run.stdout)
-    assert "[21/21] done  passkey_rope_s1 in" in run.stdout
+    assert "training 22 models, 2 at a time" in run.stdout and run.stdout.count(", resume)") == 8
+    assert counts_of(run.stdout) == [f"[{k}/23" for k in range(1, 24)], counts_of(run.stdout)
+    assert "[23/23] done  passkey_rope_s1 in" in run.stdout
     res = tmp_path / "results" / "demo-smoke-full"
     for name in ("results.json", "results.md", "results.csv", "ppl_vs_length.png"):
         assert (res / name).stat().st_size > 0, name
     results = json.loads((res / "results.json").read_text())
     labels = ["kerple", "dape-kerple", "dapev2-kerple", "alibi", "rope", "fox", "dape-fox", "path", "dape-path",
-              "path_fox", "dape-path_fox"]
+              "path_fox", "dape-path_fox", "dape-kerple-zero"]
     several = labels[:3] + labels[5:]
     assert [r["label"] for r in results["runs"]] == [l for l in labels for _ in range(2 if l in several else 1)]
     assert [(g["label"], g["n"]) for g in results["groups"]] == [(l, 2 if l in several else 1) for l in labels]
+    inits = {r["label"]: r["model_args"].get("dape_init") for r in results["runs"] if r["label"].startswith("dape-kerple")}
+    assert inits == {"dape-kerple": "default", "dape-kerple-zero": "zero"}
     # DAPE-X against X: every pair has two seeds a side, so a p-value at every length
     assert [(c["label"], c["baseline"]) for c in results["comparisons"]] == [
         ("dape-kerple", "kerple"), ("dapev2-kerple", "kerple"), ("dape-fox", "fox"), ("dape-path", "path"),
-        ("dape-path_fox", "path_fox")]
+        ("dape-path_fox", "path_fox"), ("dape-kerple-zero", "kerple")]
     assert all(p["status"] == "ok" for c in results["comparisons"] for p in c["p_value"].values())
     assert results["lengths"] == [16, 32, 64, 128, 256]  # 1x .. 16x the training length
     for run_ in results["runs"]:
@@ -76,14 +78,14 @@ def test_demo_smoke_runs_end_to_end(tmp_path):
     again = subprocess.run(["bash", "demo.sh", "--smoke", "--full"], cwd=tmp_path, env=env, capture_output=True,
                            text=True)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "already prepared" in again.stdout and again.stdout.count(", resume)") == 21  # 20 + the passkey model
+    assert "already prepared" in again.stdout and again.stdout.count(", resume)") == 23  # 22 + the passkey model
     log = (tmp_path / "out-demo-smoke" / "logs" / "dape_kerple_s2.log").read_text()
     assert "iter 4:" in log.split("resumed from")[0] and log.count("resumed from") == 2  # appended, not replaced
 
     # the README section and docs/demo_results.md are rewritten from results.json, and nothing else
     readme = tmp_path / "README.md"
     before = readme.read_text()
-    subprocess.run([sys.executable, "demo_report.py", str(res), "--minutes=7", "--models=21"], cwd=tmp_path,
+    subprocess.run([sys.executable, "demo_report.py", str(res), "--minutes=7", "--models=23"], cwd=tmp_path,
                    check=True, capture_output=True)
     after = readme.read_text()
     # outside the section nothing changes: the first command line gives the demo's measured time
@@ -101,7 +103,7 @@ def test_demo_smoke_runs_end_to_end(tmp_path):
     assert f"| dape-kerple - kerple | {p['mean_diff']:+.3f} [{p['ci'][0]:+.3f}, {p['ci'][1]:+.3f}] |" in page
     assert "DAPE lower, Welch p < 0.05, at" in page and "below kerple at" in page
     assert "with 2 seeds of the pairs" in page and "three seeds" not in page and "runs three" not in page
-    assert "It trained 21 models and took 7 min" in page
+    assert "It trained 23 models and took 7 min" in page
     assert (tmp_path / "docs" / "demo_ppl_vs_length.png").exists()
     assert "RoPE context extension at evaluation" in page and "Passkey retrieval" in page
     assert (tmp_path / "docs" / "demo_loss_by_position.png").exists()
