@@ -17,7 +17,8 @@ configs set) and give OOD figures over those seeds only: a seed that did not lea
 about extrapolation. DAPE-X against X is the difference of the means with its 95% confidence interval
 and Welch's p, over the seeds that learned the task and, labelled apart, over every seed. Single cells,
 a tasks x encodings grid shaped like Table 2, JSON (every run kept; save_runs: the figures the tables
-over seeds are made of, small enough to commit; tables_from: those tables again from such a file) and
+over seeds are made of, small enough to commit, merged into the file so that a rerun seed replaces its
+earlier figures; tables_from: those tables again from such a file) and
 per-length plots over the whole length axis.
 
 $ python che_tasks.py --task=reverse_string --pos=kerple --dape=v1         # CPU smoke run
@@ -654,6 +655,20 @@ def compact_runs(cells):
     return sorted(out, key=lambda r: (r['task'], r['pos'], r['dape'], r['learning_rate'], r['seed']))
 
 
+def merge_runs(path, runs):
+    """Merge runs (compact_runs) into the results file `path`, each marked source: run: a run of the same
+    task, encoding, learning rate and seed is replaced (a rerun of a seed replaces its earlier figures), the
+    others are kept, and so are the file's other fields; written whole or not at all."""
+    key = lambda r: (r['task'], r['pos'], r['dape'], r['learning_rate'], r['seed'])
+    saved = {'runs': []}
+    if os.path.exists(path):
+        with open(path) as f:
+            saved = json.load(f)
+    new = {key(r): dict(r, source='run') for r in runs}
+    saved['runs'] = sorted([r for r in saved['runs'] if key(r) not in new] + list(new.values()), key=key)
+    _write_json(path, saved)
+
+
 def cells_from_runs(runs):
     """compact_runs' list back into cells, as seeds_table reads them."""
     cells = {}
@@ -720,7 +735,7 @@ def run_grid(cfg, log=print):
             plot_per_length({encoding_label(p, d): cells[(t, p, d)] for p, d in columns},
                             TASKS[t], os.path.join(out, f"{t}.png"), cfg)
     if cfg['save_runs']:
-        _write_json(cfg['save_runs'], {'runs': compact_runs(cells)})
+        merge_runs(cfg['save_runs'], compact_runs(cells))
     log(f"\ngrid finished in {time.time() - t0:.0f}s\n")
     log(table)
     log('\nOver seeds:\n')
@@ -780,7 +795,7 @@ grid_tasks = 'table2'        # table2 (the paper's 14) | all (CHE's 15) | retrie
 grid_pos = 'alibi,kerple,fire'
 grid_dape = 'none,v1'
 grid_dape_pos = ''           # the encodings run with DAPE (grid_dape other than none); '' = every grid_pos
-save_runs = ''               # after a grid: every run's ID and OOD figures into this JSON file (small)
+save_runs = ''               # after a grid: every run's ID and OOD figures merged into this JSON file (small)
 tables_from = ''             # print the tables over seeds of the runs in this save_runs file; no training
 config_keys = [k for k in globals() if k not in _names_before_config and not k.startswith('_')]
 

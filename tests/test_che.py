@@ -774,6 +774,22 @@ def test_saved_runs_give_the_same_tables(tmp_path):
     assert C.main(args + [f'--tables_from={saved}']) == C.seeds_table(cells, ['bucket_sort'], C.grid_columns(cfg), cfg)
 
 
+def test_save_runs_merges_reruns_into_a_results_file(tmp_path):
+    """A grid saved into an existing results file replaces the runs it reran (same task, encoding, learning
+    rate, seed), marked source: run, and keeps the others and the file's other fields."""
+    path = tmp_path / 'che.json'
+    run = lambda seed, dape, score, **kw: dict(task='bucket_sort', pos='alibi', dape=dape, seed=seed,
+                                               learning_rate=1e-3, id_score=score, score=score, variants={}, **kw)
+    path.write_text(json.dumps({'what': 'kept', 'runs': [run(0, 'none', 1.0, source='published'),
+                                                          run(1, 'none', 2.0, source='run'),
+                                                          run(0, 'v1', 3.0, source='published')]}))
+    C.merge_runs(str(path), [run(0, 'none', 9.0), run(2, 'none', 8.0)])
+    saved = json.loads(path.read_text())
+    assert saved['what'] == 'kept'
+    assert [(r['dape'], r['seed'], r['score'], r['source']) for r in saved['runs']] == [
+        ('none', 0, 9.0, 'run'), ('none', 1, 2.0, 'run'), ('none', 2, 8.0, 'run'), ('v1', 0, 3.0, 'published')]
+
+
 @pytest.mark.parametrize('task', ['bucket_sort', 'flip_flop', 'mqar'])
 def test_training_draws_every_length_up_to_the_longest(task, monkeypatch):
     """N ~ U{min_len..train_max_len}, both ends included: the longest training length is in distribution
