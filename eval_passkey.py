@@ -273,10 +273,13 @@ def evaluate(cfg, ckpt_paths):
     if not lens:
         raise InputError("none of the default lengths holds a passkey prompt; give longer ones with --lengths=")
 
+    protocol = {'lengths': lens, 'depths': deps, 'trials': cfg['trials'], 'filler': cfg['filler'],
+                'seed': cfg['seed'], 'digits': cfg['digits'], 'rope_scaling': scalings,
+                'rope_scale': cfg['rope_scale'] or 'L / block_size', 'yarn_alpha': cfg['yarn_alpha'],
+                'yarn_beta': cfg['yarn_beta'], 'chance_logp_per_digit': chance_logp_per_digit(),
+                'learned_exact': cfg['learned_exact']}
     if cfg['save_runs']:  # a file of another protocol fails now, not after the evaluation
-        saved_runs(cfg['save_runs'], {'lengths': lens, 'depths': deps, 'trials': cfg['trials'], 'filler': cfg['filler'],
-                                      'seed': cfg['seed'], 'digits': cfg['digits'],
-                                      'learned_exact': cfg['learned_exact']})
+        saved_runs(cfg['save_runs'], protocol)
     print(f"passkey retrieval on {dev}: lengths {lens}, depths {deps}, {cfg['trials']} trials each, "
           f"filler={cfg['filler']}, seed {cfg['seed']}")
     rows = []
@@ -313,11 +316,6 @@ def evaluate(cfg, ckpt_paths):
             rows.append(row)
         del model
 
-    protocol = {'lengths': lens, 'depths': deps, 'trials': cfg['trials'], 'filler': cfg['filler'],
-                'seed': cfg['seed'], 'digits': cfg['digits'], 'rope_scaling': scalings,
-                'rope_scale': cfg['rope_scale'] or 'L / block_size', 'yarn_alpha': cfg['yarn_alpha'],
-                'yarn_beta': cfg['yarn_beta'], 'chance_logp_per_digit': chance_logp_per_digit(),
-                'learned_exact': cfg['learned_exact']}
     groups = group_rows(rows, lens, cfg['learned_exact'])
     comparisons = compare_groups(groups, lens)
     write_outputs(cfg, protocol, rows, lens, groups, comparisons)
