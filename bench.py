@@ -83,6 +83,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import dape_torch
+from common import cpu_name
 from configurator import config_defaults, configure
 from dape import DAPEV1, DAPEV2
 from model import GPT, GPTConfig, KVCache
@@ -139,7 +140,7 @@ fit_dtypes = "bfloat16,float16,float32"
 fit_out = "docs/results/kernel_fit.json"  # the table the fit test reads; entries of the same kernels are reused
 fit_jobs = 1  # compiler processes at once (one per CPU core)
 decide_context = 512  # decide section: the cached tokens of the decoding step
-tables_from = ""  # a fit file (--fit_out): print docs/gpu.md's tables from it, run nothing
+tables_from = ""  # a file --out wrote (docs/benchmark.md's tables) or a fit file (docs/gpu.md's): print them, run nothing
 threads = 0  # torch.set_num_threads; 0: PyTorch's default
 seed = 0
 out = "results/bench.json"
@@ -411,7 +412,8 @@ def module_section(cfg, sz):
                 fut = future if mode == "causal" else None
                 G = torch.randn(Bn, H, T, T)
 
-                def run(mod, A0=A0, B0=B0, G=G, fut=fut, mode=mode, dtype=torch.float32):  # (bound now: memory is measured later)
+                def run(mod, A0=A0, B0=B0, G=G, fut=fut, mode=mode, ours=ours, dtype=torch.float32):  # (bound now:
+                    # memory is measured after the loop, when the name ours is the last module's)
                     A, B_ = A0.to(dtype, copy=True).requires_grad_(), B0.to(dtype, copy=True).requires_grad_()
                     mod.zero_grad(set_to_none=True)
                     outp = module_call(mod, A, B_, fut, mode, fast=mod is ours)
@@ -902,12 +904,8 @@ def fit_markdown(entries, shapes, dtypes="16-bit"):
 
 def fit_tables(path):
     """docs/gpu.md's fit tables (16-bit, then float32) from a file that the fit section wrote."""
-    if not os.path.isfile(path):
-        raise SystemExit(f"--tables_from: no file {path} (python bench.py --sections=fit writes one)")
     with open(path) as f:
         table = json.load(f)
-    if "entries" not in table:
-        raise SystemExit(f"--tables_from: {path} is not a fit file (python bench.py --sections=fit writes one)")
     shapes = {}
     for key, names in table["shapes"].items():  # "12x64 D=32"
         heads, width = key.split(" D=")
@@ -916,10 +914,103 @@ def fit_tables(path):
                        for dtypes in ("16-bit", "float32"))
 
 
+# -----------------------------------------------------------------------------
+# docs/benchmark.md's tables from a file that main() wrote
+
+
+def markdown(header, rows):
+    return "\n".join(["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+                     + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def cell(row, key, fmt):
+    return format(row[key], fmt) if row.get(key) is not None else row.get("skipped", "-")
+
+
+def bench_tables(res):
+    """The Markdown of a bench.py run: where, when and how loaded, then a table per section it ran."""
+    m = res["meta"]
+    load0, load1 = m["loadavg_start"][0], m["loadavg_end"][0]
+    out = [f"`{m.get('command', 'python bench.py')}`: {m['cpu']}, {m['threads']} threads, torch {m['torch']}; "
+           f"{m['started']}; load {load0:.1f} at the start, {load1:.1f} at the end; {m['seconds'] / 60:.1f} min."]
+    if "train" in res:
+        r0, ref = res["train"], m["config"]["ref_pos"]
+        sz = r0["size"]
+        out += [f"Training step, {sz['n_layer']} layers x {sz['n_head']} heads x {sz['n_embd']}, length "
+                f"{sz['block_size']}, batch {sz['batch_size']}, float32 on the {r0['device']} (milliseconds: median "
+                f"and fastest of the rounds; x none: the median of the per-round ratios to the same encoding "
+                f"without DAPE (plain-manual and plain-sdpa: that model with nanoGPT's attention, written out or "
+                f"scaled_dot_product_attention, against it); x {ref}: to {ref} with the same DAPE):",
+                markdown(["pos", "dape", "ms (min)", "x none", f"x {ref}"],
+                         [[r["pos"], r["dape"], f"{r['ms']:.1f} ({r['ms_min']:.1f})", cell(r, "ratio", ".2f"),
+                           cell(r, "vs_ref", ".2f")] for r in r0["rows"]])]
+    if "module" in res:
+        r0 = res["module"]
+        out += [f"DAPE alone, forward + backward, {r0['n_head']} heads, D = {r0['width']}, V2 k = {r0['kernel']}: "
+                f"the fast path against dape.py's plain form on the same weights (speed-up: the median of "
+                f"the per-round ratios; memory: the peak allocated beyond the inputs; equal: outputs and every "
+                f"gradient within float32's error of a float64 run):",
+                markdown(["f", "mask", "T", "ms, plain / fast", "speed-up", "MB, plain / fast", "memory ratio",
+                          "equal"],
+                         [[r["module"], r["mode"], str(r["T"]), f"{r['naive_ms']:.1f} / {r['ours_ms']:.1f}",
+                           f"{r['speedup']:.1f}", f"{r['naive_mb']} / {r['ours_mb']}", f"{r['mem_ratio']:.2f}",
+                           "yes" if r["equal"] else "**no**"] for r in r0["rows"]])]
+    if "eval" in res:
+        r0 = res["eval"]
+        out += ["Evaluation forward, batch 1, loss on the last 256 tokens; blocked: queries in blocks, as the "
+                "model evaluates by default (peak: memory allocated beyond the model):",
+                markdown(["pos", "dape", "T", "blocked", "ms", "us per token", "peak MB"],
+                         [[r["pos"], r["dape"], str(r["T"]), "yes" if r["blocked"] else "no", cell(r, "ms", ".0f"),
+                           cell(r, "us_per_token", ".0f"), cell(r, "peak_mb", "")] for r in r0["rows"]])]
+    if "decide" in res:
+        r0 = res["decide"]
+        out.append(f"Checking dape.py's code before a call: {r0['per_call_us']:.1f} us per layer, "
+                   f"{100 * r0['share']:.2f}% of a decoding step after {r0['context']} tokens "
+                   f"({r0['step_ms']:.2f} ms, {r0['n_layer']} layers).")
+    if "timing" in res:
+        r0 = res["timing"]
+        lengths = [k[:-3] for k in r0["rows"][0] if k.endswith("_ms") and k != "total_ms"]
+        out += [f"Table 1's timing on the {r0['device']}, {r0['size']['n_layer']} layers x {r0['size']['n_head']} "
+                f"heads x {r0['size']['n_embd']}, batch {r0['size']['batch_size']} (ms; ratio: the total over the "
+                f"lengths to the first method's):",
+                markdown(["method"] + [f"T = {T}" for T in lengths] + ["ratio"],
+                         [[r["method"]] + [f"{r[T + '_ms']:.0f}" for T in lengths] + [f"{r['ratio']:.2f}"]
+                          for r in r0["rows"]])]
+    if "gpu" in res:
+        r0 = res["gpu"]
+        out += [f"The gpu section on {r0['gpu'] or r0['device']}: training steps, bf16 autocast (x {r0['reference']}: "
+                f"paired rounds; x base: the encoding without DAPE):",
+                markdown(["model", "T x batch", "compiled", "ms", f"x {r0['reference']}", "x base", "peak MB"],
+                         [[r["model"], f"{r['T']} x {r['batch']}", "yes" if r["compiled"] else "no",
+                           cell(r, "ms", ".1f"), cell(r, "ratio", ".2f"), cell(r, "vs_base", ".2f"),
+                           cell(r, "peak_mb", "")] for r in r0["rows"]])]
+    return "\n\n".join(out)
+
+
+def tables_of(path):
+    """docs/benchmark.md's tables from a file main() wrote (--out), or docs/gpu.md's from a fit file."""
+    if not os.path.isfile(path):
+        raise SystemExit(f"--tables_from: no file {path} (python bench.py --out={path} writes one)")
+    with open(path) as f:
+        res = json.load(f)
+    if "entries" in res:
+        return fit_tables(path)
+    if "meta" not in res:
+        raise SystemExit(f"--tables_from: {path} is neither a bench.py --out file nor a fit file "
+                         f"(python bench.py --sections=fit writes one)")
+    return bench_tables(res)
+
+
+def command(argv):
+    """The command line of this run, as a page shows it above the tables from its file."""
+    args = sys.argv[1:] if argv is None else argv
+    return " ".join(["python bench.py"] + list(args))
+
+
 def main(argv=None):
     cfg = configure(config_defaults(globals()), argv)
     if cfg["tables_from"]:
-        text = fit_tables(cfg["tables_from"])
+        text = tables_of(cfg["tables_from"])
         print(text)
         return text
     if cfg["quick"]:
@@ -936,7 +1027,7 @@ def main(argv=None):
         raise SystemExit(f"unknown section(s) {sorted(unknown)}: choose from train, module, eval, gpu, timing, fit, "
                          f"decide")
     res = dict(meta=dict(torch=torch.__version__, python=platform.python_version(), threads=torch.get_num_threads(),
-                         cpu=platform.processor() or platform.machine(), cuda=torch.cuda.is_available(),
+                         cpu=cpu_name(), cuda=torch.cuda.is_available(), command=command(argv),
                          loadavg_start=os.getloadavg(), started=time.strftime("%Y-%m-%d %H:%M:%S"),
                          config=cfg, size=sz))
     print(f"bench: torch {torch.__version__}, {torch.get_num_threads()} threads, size {sz}, load {os.getloadavg()}")

@@ -267,6 +267,17 @@ def rope_scaling_options(cfg):
     return kinds
 
 
+def cpu_name():
+    """The CPU's model name (/proc/cpuinfo), for every figure that a timing goes with: machines of one kind
+    (AMD EPYC, Intel Xeon) differ, so figures compare only within one run on one of them."""
+    import platform
+    try:
+        with open('/proc/cpuinfo') as f:
+            return next(line.split(':', 1)[1].strip() for line in f if line.startswith('model name'))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
 def format_table(header, rows, markdown=False):
     """Rows of strings under a header: aligned columns for the console, or a Markdown table."""
     if markdown:

@@ -24,6 +24,8 @@ import sys
 
 import torch
 
+from common import cpu_name
+
 ROOT = os.path.dirname(os.path.abspath(__file__))
 START, END = "<!-- demo-results:start -->", "<!-- demo-results:end -->"
 
@@ -36,13 +38,7 @@ PAPER_TABLE_5 = """| method (paper, 125M, Arxiv, BPE, trained at 512) | 512 | 10
 
 
 def machine():
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, {platform.system()}, torch {torch.__version__}"
+    return f"{cpu_name()}, {os.cpu_count()} cores, {platform.system()}, torch {torch.__version__}"
 
 
 def cell(stat, fmt):

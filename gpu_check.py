@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 
+from common import cpu_name
 from configurator import config_defaults, configure
 
 # -----------------------------------------------------------------------------
@@ -119,7 +120,7 @@ def machine():
         triton_version = None
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     return dict(gpu=gpu, torch=torch.__version__, triton=triton_version, python=platform.python_version(),
-                cpus=os.cpu_count(), cpu=platform.processor() or platform.machine())
+                cpus=os.cpu_count(), cpu=cpu_name())
 
 
 # -----------------------------------------------------------------------------

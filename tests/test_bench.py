@@ -52,6 +52,49 @@ def test_bench_quick_writes_every_section(tmp_path):
     assert list(timing) == ["kerple", "dape-kerple", "dapev2-alibi"]
     assert timing["kerple"]["ratio"] == 1.0 and all(r["16_ms"] > 0 and r["32_ms"] > 0 for r in timing.values())
 
+    # docs/benchmark.md's tables, printed again from the file: the command that wrote it, a table per section,
+    # each row's figures as the file holds them
+    assert res["meta"]["command"].startswith("python bench.py --quick --pos=kerple")
+    text = bench.main([f"--tables_from={out}"])
+    assert text.startswith(f"`{res['meta']['command']}`: {res['meta']['cpu']}")
+    k1 = train[("kerple", "v1")]
+    assert f"| kerple | v1 | {k1['ms']:.1f} ({k1['ms_min']:.1f}) | {k1['ratio']:.2f} | - |" in text
+    r = rows[0]
+    assert f"| {r['module']} | {r['mode']} | 48 | {r['naive_ms']:.1f} / {r['ours_ms']:.1f} | {r['speedup']:.1f} |" in text
+    e = ev[-1]
+    assert f"| kerple | {e['dape']} | 96 | {'yes' if e['blocked'] else 'no'} | {e['ms']:.0f} |" in text
+    assert f"| dapev2-alibi | {timing['dapev2-alibi']['16_ms']:.0f} |" in text
+    assert f"| fox+v2:torch | 64 x 4 | no | {steps['fox+v2:torch']['ms']:.1f} |" in text
+    assert f"{decide['per_call_us']:.1f} us per layer" in text
+    for title in ("Training step", "DAPE alone", "Evaluation forward", "Table 1's timing", "The gpu section"):
+        assert text.count(title) == 1, title
+
+
+def test_module_section_measures_memory_of_the_path_it_timed(monkeypatch):
+    """Memory is measured after every timing: each module must still run the path it was timed on (the fast
+    one for ours, dape.py's plain form for the copy), not whichever module was made last."""
+    calls = {}
+    module_call = bench.module_call
+
+    def spy(mod, *args, fast=False):
+        calls.setdefault(id(mod), set()).add(fast)
+        return module_call(mod, *args, fast=fast)
+    monkeypatch.setattr(bench, "module_call", spy)
+    res = bench.module_section(dict(bench.config_defaults(vars(bench)), module_lengths="24,40", module_repeats=1,
+                                    module_modes="causal"), dict(n_head=2))
+    bench.run_memory_jobs()
+    assert len(res["rows"]) == 4 and all("mem_ratio" in r for r in res["rows"])
+    assert sorted(map(len, calls.values())) == [1] * len(calls), "a module ran both paths"
+    assert sum(fast == {True} for fast in calls.values()) == 4  # ours, one per row
+
+
+def test_tables_from_names_a_missing_or_foreign_file(tmp_path):
+    with pytest.raises(SystemExit, match="no file .*python bench.py --out="):
+        bench.main([f"--tables_from={tmp_path / 'none.json'}"])
+    (tmp_path / "other.json").write_text('{"runs": []}')
+    with pytest.raises(SystemExit, match="neither a bench.py --out file nor a fit file"):
+        bench.main([f"--tables_from={tmp_path / 'other.json'}"])
+
 
 def test_timing_rejects_an_unknown_method():
     import pytest
