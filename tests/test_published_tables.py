@@ -14,7 +14,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # reference, not results
 PAGES = ['docs/che_results.md', 'docs/passkey_results.md', 'docs/retrieval.md', 'docs/gpu.md', 'docs/benchmark.md',
          'docs/demo_setting.md']
-BLOCK = re.compile(r'<!-- table: (?P<command>[^\n]*?) -->\n(?P<text>.*?)\n<!-- end table -->', re.S)
+# a block's text never holds another block's start, so an empty or unclosed block cannot swallow the page
+BLOCK = re.compile(r'<!-- table: (?P<command>[^\n]*?) -->\n(?P<text>(?:(?!<!-- table:).)*?)<!-- end table -->', re.S)
 KEPT = re.compile(r'<!-- search log, not regenerated: (?P<date>\d{4}-\d\d-\d\d), (?P<why>[^\n]+?) -->\n'
                   r'(?P<text>.*?)\n<!-- end search log -->', re.S)
 
@@ -62,6 +63,15 @@ def run(command):
 def test_each_published_table_is_what_its_command_writes(page, command, text, capsys):
     assert '--tables_from=docs/results/' in command, (page, command)
     assert run(command).strip() == text.strip(), f"{page}: the table under `{command}` is not what it prints"
+
+
+def test_every_block_is_closed():
+    """Each '<!-- table:' opens exactly one block that its '<!-- end table -->' closes."""
+    for page in markdown_files():
+        with open(os.path.join(ROOT, page)) as f:
+            text = f.read()
+        n = len(BLOCK.findall(text))
+        assert text.count('<!-- table:') == n == text.count('<!-- end table -->'), f"{page}: an unclosed block"
 
 
 def test_the_blocks_are_found_wherever_they_stand():
