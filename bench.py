@@ -83,7 +83,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import dape_torch
-from common import cpu_name
+from common import cpu_name, format_table
 from configurator import config_defaults, configure
 from dape import DAPEV1, DAPEV2
 from model import GPT, GPTConfig, KVCache
@@ -919,8 +919,7 @@ def fit_tables(path):
 
 
 def markdown(header, rows):
-    return "\n".join(["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-                     + ["| " + " | ".join(row) + " |" for row in rows])
+    return format_table(header, rows, markdown=True)
 
 
 def cell(row, key, fmt):

@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 
-from common import cpu_name
+from common import cpu_name, format_table
 from configurator import config_defaults, configure
 
 # -----------------------------------------------------------------------------
@@ -128,8 +128,7 @@ def machine():
 
 
 def markdown(header, rows):
-    return "\n".join(["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-                     + ["| " + " | ".join(row) + " |" for row in rows])
+    return format_table(header, rows, markdown=True)
 
 
 def figure(row, key, fmt):
