@@ -902,10 +902,8 @@ def fit_markdown(entries, shapes, dtypes="16-bit"):
     return "\n".join(out)
 
 
-def fit_tables(path):
-    """docs/gpu.md's fit tables (16-bit, then float32) from a file that the fit section wrote."""
-    with open(path) as f:
-        table = json.load(f)
+def fit_tables(table):
+    """docs/gpu.md's fit tables (16-bit, then float32) from what the fit section wrote."""
     shapes = {}
     for key, names in table["shapes"].items():  # "12x64 D=32"
         heads, width = key.split(" D=")
@@ -993,7 +991,7 @@ def tables_of(path):
     with open(path) as f:
         res = json.load(f)
     if "entries" in res:
-        return fit_tables(path)
+        return fit_tables(res)
     if "meta" not in res:
         raise SystemExit(f"--tables_from: {path} is neither a bench.py --out file nor a fit file "
                          f"(python bench.py --sections=fit writes one)")

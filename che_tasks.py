@@ -640,6 +640,11 @@ def seeds_table(cells, tasks, columns, cfg):
     return '\n'.join(lines)
 
 
+def run_key(r):
+    """What names one run in a results file: its task, encoding, learning rate and seed."""
+    return r['task'], r['pos'], r['dape'], r['learning_rate'], r['seed']
+
+
 def compact_runs(cells):
     """Each run's figures that the tables over seeds are made of, one small dict a run (what a results
     file in the repository holds; the runs' own JSON in out_dir/runs/ has every per-length figure)."""
@@ -652,20 +657,19 @@ def compact_runs(cells):
             if 'train' in r:
                 run['train_time_s'] = round(r['train']['time_s'], 1)
             out.append(run)
-    return sorted(out, key=lambda r: (r['task'], r['pos'], r['dape'], r['learning_rate'], r['seed']))
+    return sorted(out, key=run_key)
 
 
 def merge_runs(path, runs):
     """Merge runs (compact_runs) into the results file `path`, each marked source: run: a run of the same
     task, encoding, learning rate and seed is replaced (a rerun of a seed replaces its earlier figures), the
     others are kept, and so are the file's other fields; written whole or not at all."""
-    key = lambda r: (r['task'], r['pos'], r['dape'], r['learning_rate'], r['seed'])
     saved = {'runs': []}
     if os.path.exists(path):
         with open(path) as f:
             saved = json.load(f)
-    new = {key(r): dict(r, source='run') for r in runs}
-    saved['runs'] = sorted([r for r in saved['runs'] if key(r) not in new] + list(new.values()), key=key)
+    new = {run_key(r): dict(r, source='run') for r in runs}
+    saved['runs'] = sorted([r for r in saved['runs'] if run_key(r) not in new] + list(new.values()), key=run_key)
     _write_json(path, saved)
 
 
