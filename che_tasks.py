@@ -589,7 +589,7 @@ def seeds_table(cells, tasks, columns, cfg):
     the task (ID at least learned_threshold), ID accuracy over every seed and the extrapolation (OOD)
     scores over the seeds that learned it, as mean ± sample std, with the per-seed figures (those of
     seeds that did not learn it in brackets: they say nothing about extrapolation). Then a row per
-    DAPE-X against X at the same rate: the difference of their OOD means with its 95% confidence
+    DAPE-X against X at the same rate (and DAPE-X with f zero at step 0 against the default init's): the difference of their OOD means with its 95% confidence
     interval and Welch's two-sided p, over the seeds that learned the task and, labelled apart, over
     every seed; and the same for ID over every seed."""
     several_rates = len(parse_learning_rates(cfg)) > 1
@@ -611,8 +611,9 @@ def seeds_table(cells, tasks, columns, cfg):
                      f"{_mean_std_text([r['score'] for r in learned])} | {per_seed} |"
                      + ''.join(f" {_mean_std_text([r['variants'][v]['score'] for r in learned])} |"
                                if v in TASKS[t].variants else ' - |' for v in variants))
-    pairs = [(key, (key[0], key[1], 'none', key[3])) for key in by_key
-             if key[2] != 'none' and (key[0], key[1], 'none', key[3]) in by_key]
+    # DAPE-X against X; DAPE-X with f zero at step 0 ('v1:zero') also against DAPE-X's default init ('v1')
+    bases = lambda t, p, d, lr: [(t, p, 'none', lr)] + ([(t, p, d.split(':')[0], lr)] if ':' in d else [])
+    pairs = [(key, base) for key in by_key if key[2] != 'none' for base in bases(*key) if base in by_key]
     if pairs:
         lines += ['', '| Task | DAPE-X vs X |' + lr_head + ' learned | OOD difference, learned seeds [95% CI] | p | '
                   'OOD difference, all seeds [95% CI] | p | ID difference, all seeds [95% CI] | p |']
@@ -624,7 +625,7 @@ def seeds_table(cells, tasks, columns, cfg):
         all_ood = _difference(ood(runs, False), ood(base, False))
         all_id = _difference([r['id_score'] for r in runs], [r['id_score'] for r in base])
         t, p, d, lr = key
-        lines.append(f"| {t} | {encoding_label(p, d)} vs {encoding_label(p, 'none')} |"
+        lines.append(f"| {t} | {encoding_label(p, d)} vs {encoding_label(p, base_key[2])} |"
                      + (f" {lr:g} |" if several_rates else '')
                      + f" {sum(is_learned(r, threshold) for r in runs)} of {len(runs)} vs "
                      f"{sum(is_learned(r, threshold) for r in base)} of {len(base)} | "

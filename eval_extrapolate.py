@@ -24,7 +24,8 @@ Protocol (paper §4 "Datasets" and Appendix, "the last 256 tokens"; docs/evaluat
   trained, like out_dir or eval_interval, may differ). A group gets mean ± std (sample std, ddof=1) per
   length, and for every DAPE-X group whose plain X group (trained alike) is also present, Welch's
   two-sided t-test p-value per length (Table 5) and the difference of the mean perplexities with its
-  95% confidence interval (Welch-Satterthwaite degrees of freedom).
+  95% confidence interval (Welch-Satterthwaite degrees of freedom); a DAPE-X group with f zero at step
+  0 (dape_init='zero') also against the same DAPE-X with the default init, where it is present.
 - Models trained for unequal lengths are compared with a note (printed, and under 'notes' in
   results.json): labels that differ in training iterations or tokens seen, and checkpoints saved before
   their own max_iters. The Welch rows of such pairs are marked (!).
@@ -79,7 +80,7 @@ rope_scaling = 'none'    # comma-separated RoPE context extensions (positional.R
 rope_scale = 0.0         # their factor s; 0 -> max(1, L / training length) at each length L
 yarn_alpha = 1.0         # YaRN's ramp: dimensions turning < alpha times over the training length are
 yarn_beta = 32.0         # interpolated, > beta times kept
-pairs = ''               # explicit comparisons 'dape-kerple:kerple,...'; '' -> every DAPE-X with its X
+pairs = ''               # explicit 'dape-kerple:kerple,...'; '' -> every DAPE-X with its X, f zero also with f default
 config_keys = [k for k in globals() if k not in _names_before_config and not k.startswith('_')]
 
 
@@ -350,16 +351,28 @@ def parse_pairs(text, labels):
     return out
 
 
+def default_init_setting(g):
+    """A DAPE group's setting with f's initialisation set to the default: DAPE-X with f zero at step 0 and
+    DAPE-X as the released code initialises it, trained alike on the same data, share it."""
+    s = setting_of(g)
+    s['model'] = dict(s['model'], dape_init='default')
+    return json.dumps(s, sort_keys=True)
+
+
 def comparison_pairs(groups, explicit=()):
     """(dape group, baseline group) pairs: the explicit (label, label) list (parse_pairs), or every
-    DAPE-X group whose setting minus the DAPE options equals that of a group without DAPE."""
+    DAPE-X group whose setting minus the DAPE options equals that of a group without DAPE, and then every
+    DAPE-X group with f zero at step 0 against the same DAPE-X with the default init, where there is one."""
     by_label = {g['label']: g for g in groups}
     if explicit:
         return [(by_label[a], by_label[b]) for a, b in explicit]
 
+    dape = [g for g in groups if g['model_args'].get('dape', 'none') != 'none']
     baselines = {plain_setting(g): g for g in groups if g['model_args'].get('dape', 'none') == 'none'}
-    return [(g, baselines[plain_setting(g)]) for g in groups
-            if g['model_args'].get('dape', 'none') != 'none' and plain_setting(g) in baselines]
+    defaults = {default_init_setting(g): g for g in dape if g['model_args'].get('dape_init', 'default') == 'default'}
+    return ([(g, baselines[plain_setting(g)]) for g in dape if plain_setting(g) in baselines]
+            + [(g, defaults[default_init_setting(g)]) for g in dape
+               if g['model_args'].get('dape_init', 'default') != 'default' and default_init_setting(g) in defaults])
 
 
 def compare(dape_group, base_group, eval_lengths):

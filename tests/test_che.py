@@ -836,10 +836,19 @@ def test_dape_with_f_zero_at_init_is_a_column_of_its_own(tmp_path):
     assert C.encoding_label('alibi', 'v1:zero') == 'DAPE-ALiBi (zero init)'
     assert C._run_path(_cfg(task='bucket_sort', pos='alibi', dape='v1:zero', out_dir=str(tmp_path))).endswith(
         'bucket_sort_alibi_v1-zero_s0_lr0.0003.json')
-    cells = {('bucket_sort', 'alibi', d): _cell('bucket_sort', 'alibi', d, [(0, 90.0, 80.0), (1, 92.0, 85.0)])
-             for d in ('none', 'v1', 'v1:zero')}
+    import common
+    figures = {'none': [(0, 90.0, 80.0), (1, 92.0, 85.0)], 'v1': [(0, 70.0, 60.0), (1, 95.0, 75.0)],
+               'v1:zero': [(0, 91.0, 82.0), (1, 93.0, 88.0)]}
+    cells = {('bucket_sort', 'alibi', d): _cell('bucket_sort', 'alibi', d, runs) for d, runs in figures.items()}
     table = C.seeds_table(cells, ['bucket_sort'], [('alibi', 'none'), ('alibi', 'v1'), ('alibi', 'v1:zero')],
                           _cfg(seeds='0,1', learning_rate=1e-3))
     assert _row(table, '| bucket_sort | DAPE-ALiBi (zero init) vs ALiBi |')[2] == '2 of 2 vs 2 of 2'
+    # and against DAPE-ALiBi with the default init, over every seed
+    against_default = _row(table, '| bucket_sort | DAPE-ALiBi (zero init) vs DAPE-ALiBi |')
+    every = common.compare_means([82.0, 88.0], [60.0, 75.0])
+    assert against_default[5:7] == [common.difference_text(every), common.p_text(every['p'])]
+    assert [line.split('|')[2].strip() for line in table.splitlines()
+                                                  if line.startswith('| bucket_sort |') and ' vs ' in line] == [
+        'DAPE-ALiBi vs ALiBi', 'DAPE-ALiBi (zero init) vs ALiBi', 'DAPE-ALiBi (zero init) vs DAPE-ALiBi']
     with pytest.raises(ValueError, match="unknown dape_init='small'"):
         C.check_config(_cfg(pos='alibi', dape='v1:small'))

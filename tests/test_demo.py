@@ -62,7 +62,7 @@ def test_demo_smoke_runs_end_to_end(tmp_path):
     # DAPE-X against X: every pair has two seeds a side, so a p-value at every length
     assert [(c["label"], c["baseline"]) for c in results["comparisons"]] == [
         ("dape-kerple", "kerple"), ("dapev2-kerple", "kerple"), ("dape-fox", "fox"), ("dape-path", "path"),
-        ("dape-path_fox", "path_fox"), ("dape-kerple-zero", "kerple")]
+        ("dape-path_fox", "path_fox"), ("dape-kerple-zero", "kerple"), ("dape-kerple-zero", "dape-kerple")]
     assert all(p["status"] == "ok" for c in results["comparisons"] for p in c["p_value"].values())
     assert results["lengths"] == [16, 32, 64, 128, 256]  # 1x .. 16x the training length
     for run_ in results["runs"]:

@@ -423,6 +423,22 @@ def test_only_seed_replicas_are_grouped(tmp_path):
     assert [(g['label'], g['n']) for g in res['groups']] == [('kerple', 2)]
 
 
+def test_zero_init_is_compared_with_its_encoding_and_with_the_default_init():
+    """DAPE-X with f zero at step 0 is set against X and against DAPE-X as the released code initialises it,
+    trained alike; never against a default-init DAPE-X trained otherwise, nor one of another DAPE."""
+    def group(label, lr=1e-3, **model):
+        return {'label': label, 'model_args': dataclasses.asdict(GPTConfig(**TINY, **model)), 'data_dir': 'd',
+                'training': {'learning_rate': lr}}
+    groups = [group('kerple', pos='kerple'), group('dape-kerple', pos='kerple', dape='v1'),
+              group('dape-kerple-zero', pos='kerple', dape='v1', dape_init='zero'),
+              group('dapev2-kerple-zero', pos='kerple', dape='v2', dape_init='zero'),
+              group('dape-kerple[lr]', lr=3e-3, pos='kerple', dape='v1'),
+              group('dape-alibi-zero', pos='alibi', dape='v1', dape_init='zero')]
+    pairs = [(a['label'], b['label']) for a, b in E.comparison_pairs(groups)]
+    assert pairs == [('dape-kerple', 'kerple'), ('dape-kerple-zero', 'kerple'), ('dapev2-kerple-zero', 'kerple'),
+                     ('dape-kerple-zero', 'dape-kerple')]
+
+
 def test_pairs_checked_before_evaluation(tmp_path, monkeypatch):
     root = str(tmp_path)
     make_data(root)
