@@ -101,7 +101,8 @@ train_one() {
         return 1
     fi
     echo "$name" >> "$PROGRESS"
-    # the line its own name landed on, not the file's length: two runs ending at once count apart
+    # the line its own name landed on, not the file's length: two runs ending at once count apart (though
+    # they may print in either order)
     local k; k=$(grep -n -x "$name" "$PROGRESS" | cut -d: -f1)
     echo "  [$k/$TOTAL] done  $name in $(( $(date +%s) - t ))s: $(grep -o 'val loss [0-9.]*' "$log" | tail -n 1);" \
          "about $(( (($(date +%s) - TRAIN_T0) * (TOTAL - k) / k + 59) / 60 )) min of training left"

@@ -20,8 +20,10 @@ def copy_repo(dst):
 
 
 def counts_of(stdout):
-    """The progress lines' counts ('[4/11'), in the order they were printed."""
-    return [line.split("]")[0].strip() for line in stdout.splitlines() if line.strip().startswith("[")]
+    """The progress lines' counts ('[4/11'), each once, in order. Two runs that finish together take counts
+    apart but may print them in either order, so the order printed is not the test."""
+    counts = [line.split("]")[0].strip() for line in stdout.splitlines() if line.strip().startswith("[")]
+    return sorted(counts, key=lambda c: int(c[1:].split("/")[0]))
 
 
 def test_demo_smoke_runs_end_to_end(tmp_path):
