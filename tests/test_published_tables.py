@@ -13,7 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the pages of measured figures; tables on the others (README's file list, docs/encodings.md's flags) are
 # reference, not results
 PAGES = ['docs/che_results.md', 'docs/passkey_results.md', 'docs/retrieval.md', 'docs/gpu.md', 'docs/benchmark.md',
-         'docs/demo_setting.md']
+         'docs/demo_setting.md', 'docs/dape_init.md']
 # a block's text never holds another block's start, so an empty or unclosed block cannot swallow the page
 BLOCK = re.compile(r'<!-- table: (?P<command>[^\n]*?) -->\n(?P<text>(?:(?!<!-- table:).)*?)<!-- end table -->', re.S)
 KEPT = re.compile(r'<!-- search log, not regenerated: (?P<date>\d{4}-\d\d-\d\d), (?P<why>[^\n]+?) -->\n'
