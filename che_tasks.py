@@ -589,9 +589,9 @@ def seeds_table(cells, tasks, columns, cfg):
     the task (ID at least learned_threshold), ID accuracy over every seed and the extrapolation (OOD)
     scores over the seeds that learned it, as mean ± sample std, with the per-seed figures (those of
     seeds that did not learn it in brackets: they say nothing about extrapolation). Then a row per
-    DAPE-X against X at the same rate (and DAPE-X with f zero at step 0 against the default init's): the difference of their OOD means with its 95% confidence
-    interval and Welch's two-sided p, over the seeds that learned the task and, labelled apart, over
-    every seed; and the same for ID over every seed."""
+    DAPE-X against X at the same rate (and DAPE-X with f zero at step 0 against the default init's):
+    the difference of their OOD means with its 95% confidence interval and Welch's two-sided p, over the
+    seeds that learned the task and, labelled apart, over every seed; and the same for ID over every seed."""
     several_rates = len(parse_learning_rates(cfg)) > 1
     rows = seed_rows(cells, tasks, columns, cfg)
     variants = sorted({v for t in tasks for v in TASKS[t].variants})
@@ -612,8 +612,11 @@ def seeds_table(cells, tasks, columns, cfg):
                      + ''.join(f" {_mean_std_text([r['variants'][v]['score'] for r in learned])} |"
                                if v in TASKS[t].variants else ' - |' for v in variants))
     # DAPE-X against X; DAPE-X with f zero at step 0 ('v1:zero') also against DAPE-X's default init ('v1')
-    bases = lambda t, p, d, lr: [(t, p, 'none', lr)] + ([(t, p, d.split(':')[0], lr)] if ':' in d else [])
-    pairs = [(key, base) for key in by_key if key[2] != 'none' for base in bases(*key) if base in by_key]
+    pairs = []
+    for t, p, d, lr in by_key:
+        version, _, init = d.partition(':')
+        bases = [(t, p, 'none', lr)] + ([(t, p, version, lr)] if init else [])
+        pairs += [((t, p, d, lr), base) for base in bases if d != 'none' and base in by_key]
     if pairs:
         lines += ['', '| Task | DAPE-X vs X |' + lr_head + ' learned | OOD difference, learned seeds [95% CI] | p | '
                   'OOD difference, all seeds [95% CI] | p | ID difference, all seeds [95% CI] | p |']

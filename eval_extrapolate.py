@@ -310,10 +310,11 @@ def group_runs(runs, eval_lengths):
     return out
 
 
-def plain_setting(g):
-    """A group's setting without its DAPE options: DAPE-X and X trained alike on the same data share it."""
+def setting_without(g, keys=DAPE_KEYS):
+    """A group's setting without the model options `keys`: without the DAPE options, DAPE-X and X trained
+    alike on the same data share it; without dape_init, DAPE-X with f zero at step 0 and the default's."""
     s = setting_of(g)
-    s['model'] = {k: v for k, v in s['model'].items() if k not in DAPE_KEYS}
+    s['model'] = {k: v for k, v in s['model'].items() if k not in keys}
     return json.dumps(s, sort_keys=True)
 
 
@@ -351,14 +352,6 @@ def parse_pairs(text, labels):
     return out
 
 
-def default_init_setting(g):
-    """A DAPE group's setting with f's initialisation set to the default: DAPE-X with f zero at step 0 and
-    DAPE-X as the released code initialises it, trained alike on the same data, share it."""
-    s = setting_of(g)
-    s['model'] = dict(s['model'], dape_init='default')
-    return json.dumps(s, sort_keys=True)
-
-
 def comparison_pairs(groups, explicit=()):
     """(dape group, baseline group) pairs: the explicit (label, label) list (parse_pairs), or every
     DAPE-X group whose setting minus the DAPE options equals that of a group without DAPE, and then every
@@ -368,11 +361,12 @@ def comparison_pairs(groups, explicit=()):
         return [(by_label[a], by_label[b]) for a, b in explicit]
 
     dape = [g for g in groups if g['model_args'].get('dape', 'none') != 'none']
-    baselines = {plain_setting(g): g for g in groups if g['model_args'].get('dape', 'none') == 'none'}
-    defaults = {default_init_setting(g): g for g in dape if g['model_args'].get('dape_init', 'default') == 'default'}
-    return ([(g, baselines[plain_setting(g)]) for g in dape if plain_setting(g) in baselines]
-            + [(g, defaults[default_init_setting(g)]) for g in dape
-               if g['model_args'].get('dape_init', 'default') != 'default' and default_init_setting(g) in defaults])
+    zero = [g for g in dape if g['model_args'].get('dape_init', 'default') != 'default']
+    baselines = {setting_without(g): g for g in groups if g not in dape}
+    defaults = {setting_without(g, ('dape_init',)): g for g in dape if g not in zero}
+    return ([(g, baselines[setting_without(g)]) for g in dape if setting_without(g) in baselines]
+            + [(g, defaults[setting_without(g, ('dape_init',))]) for g in zero
+               if setting_without(g, ('dape_init',)) in defaults])
 
 
 def compare(dape_group, base_group, eval_lengths):
