@@ -117,17 +117,15 @@ def observations(results):
         if values[0] and values[-1]:
             notes.append(f"{label}: {values[0]:.3f} at {first} (the training length), {values[-1]:.3f} at {last} "
                          f"({values[-1] / values[0]:.2f}x)")
-    for dape_label in [k for k in ppl if k.startswith("dape")]:
-        base = dape_label.split("-", 1)[1]
-        if base in ppl:
-            pairs = [(d, b) for d, b in zip(ppl[dape_label], ppl[base]) if d and b]
-            wins = sum(d < b for d, b in pairs)
-            note = f"{dape_label} below {base} at {wins} of {len(pairs)} lengths"
-            c = next((c for c in results["comparisons"] if c["label"] == dape_label and c["baseline"] == base), None)
-            signed = None if c is None else significance_text(c)
-            if signed:
-                note += f" (mean over seeds); {signed}"
-            notes.append(note)
+    # the evaluation's own pairs: DAPE-X with X, and DAPE-X with f zero at step 0 with X and with DAPE-X
+    for c in results["comparisons"]:
+        dape_label, base = c["label"], c["baseline"]
+        pairs = [(d, b) for d, b in zip(ppl[dape_label], ppl[base]) if d and b]
+        note = f"{dape_label} below {base} at {sum(d < b for d, b in pairs)} of {len(pairs)} lengths"
+        signed = significance_text(c)
+        if signed:
+            note += f" (mean over seeds); {signed}"
+        notes.append(note)
     return "\n".join(f"- {n}" for n in notes)
 
 

@@ -196,3 +196,22 @@ def test_report_states_the_seeds_it_was_given(tmp_path, monkeypatch):
     assert "(two-sided p; 5 seeds a\nside)" in page and "with 5 seeds of the pairs" in page
     assert "three" not in page + readme
     assert "DAPE lower, Welch p < 0.05, at 1 of 2 lengths" in page
+
+
+def test_observations_cover_every_pair_the_evaluation_made():
+    """DAPE-X with f zero at step 0 is set against X and against DAPE-X (the evaluation's pairs), though its
+    label is not 'dape-' + X; a DAPE group without a pair gets no line."""
+    import demo_report
+    stat = lambda m: {"status": "ok", "mean": m, "std": 0.1, "n": 3}
+    groups = [{"label": label, "ppl": {"64": stat(m), "128": stat(m + 0.1)}}
+              for label, m in [("kerple", 7.0), ("dape-kerple", 6.8), ("dape-kerple-zero", 6.9), ("dape-fox", 6.5)]]
+    pair = lambda a, b: dict(_comparison({64: (0.01, -0.2), 128: (0.3, -0.1)}), label=a, baseline=b)
+    results = {"lengths": [64, 128], "groups": groups,
+               "comparisons": [pair("dape-kerple", "kerple"), pair("dape-kerple-zero", "kerple"),
+                               pair("dape-kerple-zero", "dape-kerple")]}
+    lines = [line for line in demo_report.observations(results).splitlines() if " below " in line]
+    assert [line.split(" (")[0] for line in lines] == [
+        "- dape-kerple below kerple at 2 of 2 lengths", "- dape-kerple-zero below kerple at 2 of 2 lengths",
+        "- dape-kerple-zero below dape-kerple at 0 of 2 lengths"]
+    assert all(line.endswith("DAPE lower, Welch p < 0.05, at 1 of 2 lengths; DAPE higher, p < 0.05, at 0 of 2")
+               for line in lines)
