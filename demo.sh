@@ -102,15 +102,17 @@ train_one() {
     fi
     # a model trained to the end before has no training step in its log since its last resume: it is counted,
     # but not in the time per model (a re-run's estimate would otherwise fall to seconds)
-    local loss; loss=$(grep -o 'val loss [0-9.]*' "$log" | tail -n 1)
+    local loss k reused trained=1
+    loss=$(grep -o 'val loss [0-9.]*' "$log" | tail -n 1)
     if [ $init = resume ] && awk '/^resumed from/ {n = 0} /^iter / {n++} END {exit n > 0}' "$log"; then
+        trained=0
         echo "$name" >> "$REUSED"
     fi
     echo "$name" >> "$PROGRESS"
     # the line its own name landed on, not the file's length: two runs ending at once count apart (though
     # they may print in either order)
-    local k reused; k=$(grep -n -x "$name" "$PROGRESS" | cut -d: -f1)
-    if grep -q -x "$name" "$REUSED"; then
+    k=$(grep -n -x "$name" "$PROGRESS" | cut -d: -f1)
+    if [ $trained = 0 ]; then
         echo "  [$k/$TOTAL] reused $name (trained before): $loss"
         return 0
     fi
