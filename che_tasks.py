@@ -614,9 +614,11 @@ def seeds_table(cells, tasks, columns, cfg):
     # DAPE-X against X; DAPE-X with f zero at step 0 ('v1:zero') also against DAPE-X's default init ('v1')
     pairs = []
     for t, p, d, lr in by_key:
+        if d == 'none':
+            continue
         version, _, init = d.partition(':')
         bases = [(t, p, 'none', lr)] + ([(t, p, version, lr)] if init else [])
-        pairs += [((t, p, d, lr), base) for base in bases if d != 'none' and base in by_key]
+        pairs += [((t, p, d, lr), base) for base in bases if base in by_key]
     if pairs:
         lines += ['', '| Task | DAPE-X vs X |' + lr_head + ' learned | OOD difference, learned seeds [95% CI] | p | '
                   'OOD difference, all seeds [95% CI] | p | ID difference, all seeds [95% CI] | p |']

@@ -102,23 +102,22 @@ train_one() {
     fi
     # a model trained to the end before has no training step in its log since its last resume: it is counted,
     # but not in the time per model (a re-run's estimate would otherwise fall to seconds)
-    local loss k reused trained=1
+    local loss k how=trained
     loss=$(grep -o 'val loss [0-9.]*' "$log" | tail -n 1)
     if [ $init = resume ] && awk '/^resumed from/ {n = 0} /^iter / {n++} END {exit n > 0}' "$log"; then
-        trained=0
-        echo "$name" >> "$REUSED"
+        how=reused
     fi
-    echo "$name" >> "$PROGRESS"
+    echo "$name $how" >> "$PROGRESS"
     # the line its own name landed on, not the file's length: two runs ending at once count apart (though
     # they may print in either order)
-    k=$(grep -n -x "$name" "$PROGRESS" | cut -d: -f1)
-    if [ $trained = 0 ]; then
+    k=$(grep -n "^$name " "$PROGRESS" | cut -d: -f1)
+    if [ $how = reused ]; then
         echo "  [$k/$TOTAL] reused $name (trained before): $loss"
         return 0
     fi
-    reused=$(head -n "$k" "$PROGRESS" | grep -c -x -F -f "$REUSED" || true)
+    local trained_so_far; trained_so_far=$(head -n "$k" "$PROGRESS" | grep -c ' trained$')
     echo "  [$k/$TOTAL] done  $name in $(( $(date +%s) - t ))s: $loss;" \
-         "about $(( (($(date +%s) - TRAIN_T0) * (TOTAL - k) / (k - reused) + 59) / 60 )) min of training left"
+         "about $(( (($(date +%s) - TRAIN_T0) * (TOTAL - k) / trained_so_far + 59) / 60 )) min of training left"
 }
 
 # run_all "NAME POS DAPE SEEDS" lines, EXTRA_ARGS: every run, JOBS at a time; the checkpoint dirs in $DIRS
@@ -139,10 +138,11 @@ run_all() {
 
 mkdir -p $OUT/logs
 n=$(( SEEDS * $(echo "$RUNS" | grep -c ' all$') + $(echo "$RUNS" | grep -c ' one$') ))
-# progress: each model that finishes adds its name to $PROGRESS, and says how many of TOTAL (with --full the
-# passkey model included) are done and, from the time per model so far, about how much training is left
-PROGRESS=$OUT/logs/finished REUSED=$OUT/logs/reused TOTAL=$((n + FULL)) TRAIN_T0=$(date +%s)
-: > "$PROGRESS"; : > "$REUSED"
+# progress: each model that finishes adds "NAME trained" (or "NAME reused") to $PROGRESS, and says how many of
+# TOTAL (with --full the passkey model included) are done and, from the time per model trained so far, about
+# how much training is left
+PROGRESS=$OUT/logs/finished TOTAL=$((n + FULL)) TRAIN_T0=$(date +%s)
+: > "$PROGRESS"
 step "training $n models, $JOBS at a time with $THREADS thread(s) each (logs: $OUT/logs/)"
 run_all "$RUNS" "$TRAIN_ARGS"
 CKPTS=$DIRS
