@@ -529,6 +529,14 @@ def test_tables_from_a_results_file(tmp_path):
     text = EP.main([f'--tables_from={path}'])
     assert '| kerple | 1,2 | 2 of 2 | 100% ± 0 | 40% ± 14 |' in text
     assert '| k_s2 | 100% | 30% |' in text
+    assert 'mean ± sample std over seeds 1,2;' in text
+    # models over different seeds: the header must not claim one set for all of them
+    rows.append(_row('r_s3', 'rope', 3, [1.0, 0.0]))
+    path.write_text(json.dumps({'protocol': {'lengths': [128, 256], 'learned_exact': 0.5},
+                                'rows': [dict(r, per_length={str(L): c for L, c in r['per_length'].items()})
+                                         for r in rows]}))
+    text = EP.main([f'--tables_from={path}'])
+    assert "mean ± sample std over each model's seeds (its seeds column);" in text and 'seeds 1,2,3' not in text
 
 
 def test_save_runs_adds_an_evaluation_to_a_results_file(tmp_path, monkeypatch):
