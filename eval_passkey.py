@@ -422,8 +422,9 @@ def seed_tables(protocol, rows, lens, markdown=True):
     group (mean ± sample std, learned), DAPE-X against X, and every run."""
     groups = group_rows(rows, lens, protocol['learned_exact'])
     comparisons = compare_groups(groups, lens)
-    seed_sets = {tuple(g['seeds']) for g in groups}
-    over = f"seeds {','.join(map(str, seed_sets.pop()))}" if len(seed_sets) == 1 else "each model's seeds (its seeds column)"
+    seed_sets = {tuple(g['seeds']) for g in groups}  # the header names one set only where every model has it
+    over = (f"seeds {','.join(map(str, next(iter(seed_sets))))}" if len(seed_sets) == 1
+            else "each model's seeds (its seeds column)")
     text = [f"Exact match, mean over depths: mean ± sample std over {over}; "
             f"learned: seeds with an exact match of at least {100 * protocol['learned_exact']:.0f}% at their "
             f"training length.", '', group_table(groups, lens, 'accuracy', markdown)]

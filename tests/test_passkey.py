@@ -523,19 +523,19 @@ def test_tables_from_a_results_file(tmp_path):
     runs' figures alone (what a results page keeps)."""
     rows = [_row('k_s1', 'kerple', 1, [1.0, 0.5]), _row('k_s2', 'kerple', 2, [1.0, 0.3])]
     path = tmp_path / 'passkey.json'
-    path.write_text(json.dumps({'protocol': {'lengths': [128, 256], 'learned_exact': 0.5},
-                                'rows': [dict(r, per_length={str(L): c for L, c in r['per_length'].items()})
-                                         for r in rows]}))
-    text = EP.main([f'--tables_from={path}'])
+
+    def tables(rows):
+        path.write_text(json.dumps({'protocol': {'lengths': [128, 256], 'learned_exact': 0.5},
+                                    'rows': [dict(r, per_length={str(L): c for L, c in r['per_length'].items()})
+                                             for r in rows]}))
+        return EP.main([f'--tables_from={path}'])
+
+    text = tables(rows)
     assert '| kerple | 1,2 | 2 of 2 | 100% ± 0 | 40% ± 14 |' in text
     assert '| k_s2 | 100% | 30% |' in text
     assert 'mean ± sample std over seeds 1,2;' in text
     # models over different seeds: the header must not claim one set for all of them
-    rows.append(_row('r_s3', 'rope', 3, [1.0, 0.0]))
-    path.write_text(json.dumps({'protocol': {'lengths': [128, 256], 'learned_exact': 0.5},
-                                'rows': [dict(r, per_length={str(L): c for L, c in r['per_length'].items()})
-                                         for r in rows]}))
-    text = EP.main([f'--tables_from={path}'])
+    text = tables(rows + [_row('r_s3', 'rope', 3, [1.0, 0.0])])
     assert "mean ± sample std over each model's seeds (its seeds column);" in text and 'seeds 1,2,3' not in text
 
 
