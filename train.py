@@ -381,7 +381,11 @@ def train(config=None, **overrides):
     flops_per_token = model.flops_per_token(gptconf.block_size)
     tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * gptconf.block_size
     if master:
-        print(f"{world_size} process(es) on {device_type}, {dtype}{', FSDP' if use_fsdp else ''}; "
+        # which vector kernels ran: the same seed on other CPU kernels gives other rounding, and at small scale
+        # that alone can decide whether a run learns a task (docs/passkey_results.md), so logs record it
+        kernels = f" ({torch.backends.cpu.get_cpu_capability()} kernels, torch {torch.__version__})" \
+            if device_type == 'cpu' else ''
+        print(f"{world_size} process(es) on {device_type}{kernels}, {dtype}{', FSDP' if use_fsdp else ''}; "
               f"{accum} micro-step(s) of {cfg.batch_size} x {gptconf.block_size} per process, "
               f"{tokens_per_iter:,} tokens per iteration")
         print(f"model: {model.get_num_params() / 1e6:.2f}M parameters, pos={gptconf.pos}, dape={gptconf.dape}, "

@@ -113,6 +113,13 @@ def test_resume_equals_uninterrupted(data_root, tmp_path):
     assert not any(k.startswith(('module.', '_orig_mod.')) for k in ck['model'])
 
 
+def test_log_names_the_cpu_kernels(data_root, tmp_path, capsys):
+    # reruns on another CPU differ in their rounding; the log must say which kernels a run used
+    run(data_root, tmp_path / 'out', max_iters=1, eval_interval=1)
+    first = capsys.readouterr().out.splitlines()[0]
+    assert f"on cpu ({torch.backends.cpu.get_cpu_capability()} kernels, torch {torch.__version__})" in first, first
+
+
 def test_checkpoint_survives_crash_during_save(data_root, tmp_path, monkeypatch):
     out = tmp_path / 'out'
     run(data_root, out, max_iters=2, eval_interval=2)
