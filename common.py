@@ -268,13 +268,22 @@ def rope_scaling_options(cfg):
 
 
 def cpu_name():
-    """The CPU's model name (/proc/cpuinfo), for every figure that a timing goes with: machines of one kind
-    (AMD EPYC, Intel Xeon) differ, so figures compare only within one run on one of them."""
+    """The CPU's model name, family and model number (/proc/cpuinfo, e.g. 'AMD EPYC (family 25, model 1)'),
+    for every figure that a timing goes with: machines of one name differ (the name alone can be as bare as
+    'AMD EPYC'), so figures compare only within one run on one of them."""
     import platform
     try:
         with open('/proc/cpuinfo') as f:
-            return next(line.split(':', 1)[1].strip() for line in f if line.startswith('model name'))
-    except (OSError, StopIteration):
+            fields = {}
+            for line in f:
+                if not line.strip():
+                    break  # the first processor's fields are enough
+                key, _, value = line.partition(':')
+                fields[key.strip()] = value.strip()
+        number = f" (family {fields['cpu family']}, model {fields['model']})" \
+            if 'cpu family' in fields and 'model' in fields else ''
+        return fields['model name'] + number
+    except (OSError, KeyError):
         return platform.processor() or platform.machine()
 
 

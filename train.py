@@ -32,7 +32,7 @@ import torch
 
 import dape_paths
 import passkey
-from common import autocast, check_dataset, pick_dtype, read_checkpoint_file
+from common import autocast, check_dataset, cpu_name, pick_dtype, read_checkpoint_file
 from configurator import ConfigError, check_device, config_defaults, configure, update_config
 from model import GPT, GPTConfig
 from positional import ENCODINGS
@@ -307,6 +307,16 @@ def checkpoint_to_resume(cfg, config, ckpt_path, ddp, master):
     return ckpt, small
 
 
+def machine_text(device_type):
+    """The processor, its kernels and torch: on a CPU its model and the vector kernels ATen picked (e.g.
+    'AMD EPYC 7763 64-Core Processor, AVX2 kernels, torch 2.13.0+cpu'), on CUDA the GPU's name."""
+    if device_type == 'cuda':
+        return f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
+    if device_type == 'cpu':
+        return f"{cpu_name()}, {torch.backends.cpu.get_cpu_capability()} kernels, torch {torch.__version__}"
+    return f"{device_type}, torch {torch.__version__}"
+
+
 def peak_flops(cfg, device, dtype):
     """The accelerator's peak FLOP/s for MFU, or None on a CPU."""
     if not device.startswith('cuda'):
@@ -380,12 +390,18 @@ def train(config=None, **overrides):
     model = GPT(gptconf)
     flops_per_token = model.flops_per_token(gptconf.block_size)
     tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * gptconf.block_size
+    # what computed the run: the same seed on another CPU model, kernel set or torch rounds differently, and
+    # at small scale that alone can decide whether a run learns a task (docs/passkey_results.md), so the log
+    # and the checkpoint record it, with the step from which each machine trained
+    machine = machine_text(device_type)
+    machines = list(small.get('machines', [])) if cfg.init_from == 'resume' else []
+    if not machines or machines[-1][1] != machine:
+        if machines and master:
+            print(f"note: the checkpoint was trained on {machines[-1][1]}; continuing on {machine}, whose "
+                  f"rounding differs, so this run will not match one trained on a single machine")
+        machines.append((iter_num, machine))
     if master:
-        # which vector kernels ran: the same seed on other CPU kernels gives other rounding, and at small scale
-        # that alone can decide whether a run learns a task (docs/passkey_results.md), so logs record it
-        kernels = f" ({torch.backends.cpu.get_cpu_capability()} kernels, torch {torch.__version__})" \
-            if device_type == 'cpu' else ''
-        print(f"{world_size} process(es) on {device_type}{kernels}, {dtype}{', FSDP' if use_fsdp else ''}; "
+        print(f"{world_size} process(es) on {device_type} ({machine}), {dtype}{', FSDP' if use_fsdp else ''}; "
               f"{accum} micro-step(s) of {cfg.batch_size} x {gptconf.block_size} per process, "
               f"{tokens_per_iter:,} tokens per iteration")
         print(f"model: {model.get_num_params() / 1e6:.2f}M parameters, pos={gptconf.pos}, dape={gptconf.dape}, "
@@ -478,7 +494,8 @@ def train(config=None, **overrides):
         if master:
             ck = {'model': msd, 'optimizer': osd, 'model_args': model_args, 'iter_num': iter_num,
                   'best_val_loss': best_val_loss, 'config': config, 'dataset': cfg.dataset,
-                  'rng': {'world_size': world_size, 'ranks': states}, 'scaler': scaler.state_dict()}
+                  'rng': {'world_size': world_size, 'ranks': states}, 'scaler': scaler.state_dict(),
+                  'machines': machines}
             save_checkpoint(ck, ckpt_path)
             print(f"saved checkpoint to {ckpt_path}")
 

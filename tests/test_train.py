@@ -15,7 +15,7 @@ import torch
 
 import train
 from configurator import ConfigError, configure
-from common import load_checkpoint
+from common import cpu_name, load_checkpoint
 from model import GPT, GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -113,11 +113,36 @@ def test_resume_equals_uninterrupted(data_root, tmp_path):
     assert not any(k.startswith(('module.', '_orig_mod.')) for k in ck['model'])
 
 
-def test_log_names_the_cpu_kernels(data_root, tmp_path, capsys):
-    # reruns on another CPU differ in their rounding; the log must say which kernels a run used
-    run(data_root, tmp_path / 'out', max_iters=1, eval_interval=1)
+def test_log_and_checkpoint_name_the_machine(data_root, tmp_path, capsys, monkeypatch):
+    # reruns on another CPU model or kernel set round differently; the log and the checkpoint must say which
+    # machine trained a run, and from which step
+    out = tmp_path / 'out'
+    run(data_root, out, max_iters=2, eval_interval=2)
+    here = f"{cpu_name()}, {torch.backends.cpu.get_cpu_capability()} kernels, torch {torch.__version__}"
     first = capsys.readouterr().out.splitlines()[0]
-    assert f"on cpu ({torch.backends.cpu.get_cpu_capability()} kernels, torch {torch.__version__})" in first, first
+    assert f"on cpu ({here})" in first, first
+    assert load_checkpoint(str(out / 'ckpt.pt'))[1]['machines'] == [(0, here)]
+
+    run(data_root, out, max_iters=4, eval_interval=2, init_from='resume')  # the same machine: no note
+    assert 'note: the checkpoint was trained on' not in capsys.readouterr().out
+    assert load_checkpoint(str(out / 'ckpt.pt'))[1]['machines'] == [(0, here)]
+
+    monkeypatch.setattr(train, 'cpu_name', lambda: 'Another CPU')
+    run(data_root, out, max_iters=6, eval_interval=2, init_from='resume')
+    assert f"note: the checkpoint was trained on {here}; continuing on Another CPU," in capsys.readouterr().out
+    assert load_checkpoint(str(out / 'ckpt.pt'))[1]['machines'] == [(0, here), (4, here.replace(cpu_name(), 'Another CPU'))]
+
+
+def test_cpu_name_has_family_and_model(monkeypatch):
+    # one model name ('AMD EPYC') covers CPUs that round differently; the family and model number tell them apart
+    import builtins
+    import io
+    cpuinfo = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\n\n"
+               "processor\t: 1\ncpu family\t: 6\nmodel\t\t: 106\nmodel name\t: Other\n")
+    real_open = builtins.open
+    monkeypatch.setattr(builtins, 'open', lambda path, *a, **k: io.StringIO(cpuinfo) if path == '/proc/cpuinfo'
+                        else real_open(path, *a, **k))
+    assert cpu_name() == 'AMD EPYC (family 25, model 1)'
 
 
 def test_checkpoint_survives_crash_during_save(data_root, tmp_path, monkeypatch):
