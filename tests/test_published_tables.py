@@ -3,6 +3,7 @@ files in the repository (docs/results/): the test finds each such block wherever
 and compares the output with the page, character for character. A table on a results page outside such a
 block is a dated search log that says why it cannot be rerun."""
 import glob
+import json
 import os
 import re
 import shlex
@@ -92,6 +93,22 @@ def test_every_results_page_table_is_regenerated_or_says_why_not():
         rest = KEPT.sub('', BLOCK.sub('', text))
         stray = [line for line in rest.splitlines() if line.startswith('|')]
         assert not stray, f"{page}: table rows that no command writes: {stray[:3]}"
+
+
+def test_every_run_in_the_results_files_was_measured():
+    """Each run in docs/results/ is as its evaluation wrote it (the scripts' merge marks it `source: run`), never
+    a row rebuilt from a page's figures: a table, mean or p-value over rebuilt rows would not be a measurement."""
+    files = sorted(glob.glob(os.path.join(ROOT, 'docs', 'results', '*.json')))
+    counted = 0
+    for path in files:
+        with open(path) as f:
+            saved = json.load(f)
+        for r in saved.get('runs', saved.get('rows', [])):
+            assert r.get('source') == 'run', \
+                f"{os.path.relpath(path, ROOT)}: {r.get('label', r)} has source {r.get('source')!r}; train and evaluate it " \
+                f"again and merge what the evaluation writes (eval_passkey.merge_runs, che_tasks.merge_runs)"
+            counted += 1
+    assert counted > 0, "no runs found in docs/results/*.json"
 
 
 def test_the_demo_section_and_page_are_what_demo_report_prints():
