@@ -308,8 +308,8 @@ def checkpoint_to_resume(cfg, config, ckpt_path, ddp, master):
 
 
 def machine_text(device_type):
-    """The processor, its kernels and torch: on a CPU its model and the vector kernels ATen picked (e.g.
-    'AMD EPYC 7763 64-Core Processor, AVX2 kernels, torch 2.13.0+cpu'), on CUDA the GPU's name."""
+    """The processor, its kernels and torch: on a CPU its model (common.cpu_name) and the vector kernels ATen
+    picked (e.g. 'AMD EPYC (family 25, model 1), AVX2 kernels, torch 2.13.0+cpu'), on CUDA the GPU's name."""
     if device_type == 'cuda':
         return f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
     if device_type == 'cpu':
