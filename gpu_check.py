@@ -203,7 +203,10 @@ def main(argv=None):
     with open(path, "w") as f:
         json.dump(res, f, indent=1)
     text = tables(res)
-    print(f"\n{text}\n\nwrote {path}; docs/gpu.md shows it: python gpu_check.py --tables_from={os.path.relpath(path, ROOT)}")
+    shown = os.path.relpath(path, ROOT) if os.path.abspath(path).startswith(ROOT + os.sep) else path
+    print(f"\n{text}\n\nwrote {path}; its tables again: python gpu_check.py --tables_from={shown}; to publish "
+          f"them, keep it as docs/results/gpu.json, name that file in docs/gpu.md's table block and run "
+          f"python tests/test_published_tables.py docs/gpu.md")
     tests = res["tests"]
     if "error" in tests or "error" in res["bench"] or tests["timed_out"] or tests["counts"].get("failed") \
             or tests["counts"].get("errors"):

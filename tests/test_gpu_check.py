@@ -31,6 +31,9 @@ def test_the_dry_run_goes_through_every_part(tmp_path):
     assert all(e["ms"] > 0 for e in bench["eval"]) and len(bench["verdicts"]) == 5
     text = gpu_check.main([f"--tables_from={out}"])
     assert text in run.stdout  # what it printed is what the saved file prints
+    # its last line names the commands that print the file again and publish it, not a page that does not show it
+    assert f"its tables again: python gpu_check.py --tables_from={out};" in run.stdout
+    assert "python tests/test_published_tables.py docs/gpu.md" in run.stdout.splitlines()[-1]
     assert text.startswith("Dry run, tiny sizes, ") and "| kerple+v1:torch | 64 x 4 |" in text
 
 
