@@ -8,8 +8,10 @@ length, as in the DAPE paper (§4, Figure 2, Table 5). Table 1's timing is bench
 
 Protocol (paper §4 "Datasets" and Appendix, "the last 256 tokens"; docs/evaluation.md):
 - For an evaluation length L, a window is L+1 consecutive tokens of the validation split. The model
-  reads the whole window's first L tokens, and only the last K = `eval_tokens` (256) targets are
-  scored (all L of them when L < K).
+  reads the whole window's first L tokens, and only the last K = `eval_tokens` targets are scored, the
+  same K at every length: by default half the shortest evaluated length, at most 256 (the paper's 256 for
+  its shortest length, 512), so that even the shortest column's scored tokens have context before them.
+  A K longer than the shortest length would score fewer targets there than elsewhere: it is refused.
 - Window positions are drawn once, with `seed`, as window END positions, and shared by every length
   and every checkpoint: at each L the same K target tokens are scored, with more or less left context.
   So the columns differ only in context length, never in which tokens are scored. The ends are drawn
@@ -52,6 +54,7 @@ from common import (InputError, auto_labels, autocast, checkpoints_and_config, c
                     mean_std_text, parse_list, pick_device, pick_dtype, resolve_data_dir, rope_scaling_options,
                     setting_of, training_data_dirs, training_setting)
 from configurator import ConfigError
+import probe
 from positional import rope_scaling_label, set_rope_scaling
 from tokenizer import GPT2_VOCAB_SIZE, load_meta, tokenizer_of_vocab
 
@@ -64,8 +67,10 @@ labels = ''              # comma-separated, one per checkpoint: overrides the au
 data_dir = ''            # validation data (data/<name>); '' -> from each checkpoint's training config
 lengths = ''             # comma-separated evaluation lengths; '' -> training length x 1, 2, 4, ... <= max_length
 max_length = 8192        # longest default evaluation length
-eval_tokens = 256        # K: targets scored at the end of every window
-num_windows = 16         # windows per length (all lengths share them); scored tokens = num_windows * K
+eval_tokens = 0          # K: targets scored at the end of every window, at every length; 0 -> half the shortest
+                         # length, at most 256; more than the shortest length is refused (it would mix counts)
+num_windows = 0          # windows per length (all lengths share them); 0 -> enough for MIN_SCORED scored tokens
+                         # per cell, at least 16
 batch_size = 0           # windows per forward; 0 -> max(1, batch_tokens // L)
 batch_tokens = 8192      # tokens per forward when batch_size = 0 (8192 on a CPU: one window at L = 8192)
 seed = 1337              # seeds the window positions
@@ -80,8 +85,15 @@ rope_scaling = 'none'    # comma-separated RoPE context extensions (positional.R
 rope_scale = 0.0         # their factor s; 0 -> max(1, L / training length) at each length L
 yarn_alpha = 1.0         # YaRN's ramp: dimensions turning < alpha times over the training length are
 yarn_beta = 32.0         # interpolated, > beta times kept
+far_mass = False         # also each head's attention mass on keys at least the training length back (probe.py),
+                         # over the scored queries of the first far_mass_windows windows, and the encoding's
+                         # learned values per head: what makes a static bias degrade, measured
+far_mass_windows = 16
 pairs = ''               # explicit 'dape-kerple:kerple,...'; '' -> every DAPE-X with its X, f zero also with f default
 config_keys = [k for k in globals() if k not in _names_before_config and not k.startswith('_')]
+
+MIN_SCORED = 4096        # scored tokens per cell when num_windows is left to the tool
+DEFAULT_K = 256          # the paper's "last 256 tokens"
 
 
 # -----------------------------------------------------------------------------
@@ -174,12 +186,32 @@ def length_unavailable(model, L, n_val):
     return None
 
 
+def scored_tokens(eval_lengths, K=0, n_windows=0):
+    """(K, n_windows): the targets scored per window and the windows per length, the same for every length.
+    K = 0 takes half the shortest length (at most DEFAULT_K), so that the shortest column's scored targets
+    have context too; n_windows = 0 takes enough windows for MIN_SCORED scored tokens per cell (at least 16).
+    A K longer than the shortest length is refused: that column would score fewer, other, targets."""
+    if K < 0 or n_windows < 0:
+        raise InputError(f"--eval_tokens and --num_windows must be positive (0: chosen by the tool), got "
+                         f"{K} and {n_windows}")
+    shortest = min(eval_lengths)
+    if K > shortest:
+        raise InputError(f"--eval_tokens={K} is more than the shortest evaluation length {shortest}: that column "
+                         f"would score {shortest} targets per window and the others {K}, so the columns would "
+                         f"average different tokens. Pass --eval_tokens=<={shortest}, or leave it out (then "
+                         f"{max(1, min(DEFAULT_K, shortest // 2))}), or drop the short lengths with --lengths=")
+    K = K or max(1, min(DEFAULT_K, shortest // 2))
+    return K, n_windows or max(16, math.ceil(MIN_SCORED / K))
+
+
 @torch.no_grad()
 def score_windows(model, x, y, K, batch, dev, ctx, progress=None):
-    """Cross-entropy (nats) of each window's last min(K, L) targets: [N, k] float64. The model reads all
-    L tokens but computes logits only at the scored positions (`last`), and the targets are sliced to
-    the same positions (the released code sliced the logits but not the labels)."""
-    k = min(K, x.shape[1])
+    """Cross-entropy (nats) of each window's last K targets: [N, K] float64. The model reads all L tokens
+    but computes logits only at the scored positions (`last`), and the targets are sliced to the same
+    positions (the released code sliced the logits but not the labels)."""
+    if K > x.shape[1]:
+        raise ValueError(f"cannot score the last {K} targets of windows of {x.shape[1]} tokens")
+    k = K
     losses = []
     for s in range(0, len(x), batch):
         xb, yb = x[s:s + batch].to(dev), y[s:s + batch, -k:].to(dev)
@@ -230,6 +262,19 @@ def evaluate_run(model, data, meta, ends, eval_lengths, K, cfg, dev, ctx, name='
         print(f"  {name:<24} L={L:<6} ppl {r['ppl']:10.4f}{bpb}   ({r['n_tokens']} tokens scored, "
               f"{r['tokens_per_s']:,.0f} tok/s, {dt:.1f}s)", flush=True)
     return out
+
+
+def far_mass_of_run(model, data, ends, eval_lengths, K, block_size, dev, cfg, rope_scaling='none'):
+    """({L: [layer][head] attention mass on keys >= block_size back}, the encoding's values per head at
+    distances of 1, half, 1, 4 and 16 times the training length): probe.py's measures for one run, on the
+    scored queries of the windows ending at `ends`."""
+    mass = {}
+    for L in eval_lengths:
+        set_rope_scaling(model, rope_scaling, cfg['rope_scale'], L, cfg['yarn_alpha'], cfg['yarn_beta'])
+        x, _ = windows(data, ends, L)
+        mass[L] = probe.far_mass(model, x.to(dev), K, block_size)
+    distances = sorted({1, max(1, block_size // 2), block_size, 4 * block_size, 16 * block_size})
+    return mass, probe.head_values(model, distances)
 
 
 def position_buckets(L, per_octave=4):
@@ -664,9 +709,9 @@ def evaluate(cfg, ckpt_paths):
     """Evaluate checkpoints under the protocol; write and return the results dict."""
     dev = pick_device(cfg['device'])
     ctx = autocast(dev, pick_dtype(cfg['dtype'], dev))
-    K = cfg['eval_tokens']
-    if K < 1 or cfg['num_windows'] < 1:
-        raise InputError("--eval_tokens and --num_windows must be positive")
+    if cfg['eval_tokens'] < 0 or cfg['num_windows'] < 0 or cfg['far_mass_windows'] < 1:
+        raise InputError("--eval_tokens and --num_windows must be positive (0: chosen by the tool), "
+                         "--far_mass_windows positive")
     rope_kinds = rope_scaling_options(cfg)
     files = find_checkpoints(ckpt_paths)
     if not files:
@@ -706,8 +751,9 @@ def evaluate(cfg, ckpt_paths):
         eval_lengths = sorted(set(parse_ints(cfg['lengths'], 'lengths')))
     else:
         eval_lengths = default_lengths({r['model_args']['block_size'] for r in runs}, cfg['max_length'])
+    K, n_windows = scored_tokens(eval_lengths, cfg['eval_tokens'], cfg['num_windows'])
 
-    data_cache, protocol = {}, {'eval_tokens': K, 'num_windows': cfg['num_windows'], 'seed': cfg['seed'],
+    data_cache, protocol = {}, {'eval_tokens': K, 'num_windows': n_windows, 'seed': cfg['seed'],
                                 'lengths': eval_lengths, 'data': {}}
     for r in runs:
         d = r['data_dir']
@@ -721,16 +767,16 @@ def evaluate(cfg, ckpt_paths):
         if not fits:
             raise InputError(f"{d}/val.bin holds {len(data)} tokens: too few for any of the lengths {eval_lengths}")
         longest = max(fits)
-        ends = window_ends(len(data), longest, K, cfg['num_windows'], cfg['seed'])
-        if len(ends) < cfg['num_windows']:
+        ends = window_ends(len(data), longest, K, n_windows, cfg['seed'])
+        if len(ends) < n_windows:
             print(f"warning: {d}/val.bin has room for only {len(ends)} windows of {longest} tokens "
-                  f"(asked for {cfg['num_windows']})")
+                  f"(asked for {n_windows})")
         data_cache[d] = (data, meta, ends)
         protocol['data'][d] = {'val_tokens': int(len(data)), 'tokenizer': meta['tokenizer'],
                                'longest_window': int(longest), 'window_ends': ends.tolist()}
 
-    print(f"evaluating {len(runs)} checkpoint(s) on {dev} at lengths {eval_lengths}: last {K} tokens of "
-          f"{cfg['num_windows']} windows per length")
+    print(f"evaluating {len(runs)} checkpoint(s) on {dev} at lengths {eval_lengths}: the same last {K} tokens "
+          f"of {n_windows} windows at every length")
     for r in runs:
         data, meta, ends = data_cache[r['data_dir']]
         print(f"{r['path']}  ({r['label']}, {r['data_dir']})")
@@ -744,6 +790,11 @@ def evaluate(cfg, ckpt_paths):
             batch = cfg['batch_size'] or max(1, cfg['batch_tokens'] // max(ok))
             set_rope_scaling(model, r['rope_scaling'], cfg['rope_scale'], max(ok), cfg['yarn_alpha'], cfg['yarn_beta'])
             r['position_loss'] = loss_by_position(model, data, ends, max(ok), batch, dev, ctx)
+        if cfg['far_mass']:
+            r['far_mass'], r['head_values'] = far_mass_of_run(model, data, ends[:cfg['far_mass_windows']], ok, K,
+                                                              r['model_args']['block_size'], dev, cfg,
+                                                              r['rope_scaling'])
+            r['far_mass_windows'] = min(cfg['far_mass_windows'], len(ends))
         del model
 
     groups = group_runs(runs, eval_lengths)

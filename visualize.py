@@ -13,23 +13,20 @@ across key positions, one panel per (head, term); plus heat maps of A, B and f o
     python visualize.py out/dape_kerple --layers=0,5,11 --length=2048 --query=1000
     python visualize.py out/dape_kerple --random=True                      # random tokens, no data needed
 
-The terms come from the model itself (model.SelfAttention.terms, the same code as its forward) for the
+The terms come from the model itself (probe.layer_terms: the layer's own qkv, scores and DAPE module) for the
 chosen rows, fed with the layer's actual input, captured by a hook; the tests check that they give
 back the layer's real output, so what is drawn is what the model computes. Writes PNGs and an .npz of the arrays to out_dir.
 """
 
-import math
 import os
 import sys
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from einops import rearrange
 
 from common import InputError, load_run, load_val, pick_device, resolve_data_dir
 from configurator import ConfigError, configure
-from positional import as_map
+from probe import capture_layers, layer_terms
 
 # -----------------------------------------------------------------------------
 _names_before_config = set(globals())
@@ -44,74 +41,6 @@ seed = 1337              # seeds the window position / random tokens
 device = 'auto'
 out_dir = 'results'
 config_keys = [k for k in globals() if k not in _names_before_config and not k.startswith('_')]
-
-
-class _Stop(Exception):
-    """Raised by the hook once the last wanted layer ran: the later layers are not needed."""
-
-
-def capture_layers(model, idx, layer_ids):
-    """Run the model on idx [1, T] up to the last of layer_ids; return {layer: dict(x, pe, pos_q, pos_k,
-    out)} with each layer's attention input (after ln_1), its arguments and its output."""
-    captured, handles = {}, []
-    last = max(layer_ids)
-
-    def pre_hook(layer):
-        def hook(module, args, kwargs):
-            names = ('x', 'pe', 'pos_q', 'pos_k')
-            captured[layer] = {n: kwargs.get(n, args[i] if i < len(args) else None) for i, n in enumerate(names)}
-        return hook
-
-    def post_hook(layer):
-        def hook(module, args, kwargs, output):
-            captured[layer]['out'] = output
-            if layer == last:
-                raise _Stop
-        return hook
-
-    for layer in layer_ids:
-        attn = model.transformer.h[layer].attn
-        handles.append(attn.register_forward_pre_hook(pre_hook(layer), with_kwargs=True))
-        handles.append(attn.register_forward_hook(post_hook(layer), with_kwargs=True))
-    try:
-        with torch.no_grad():
-            model(idx)
-    except _Stop:
-        pass
-    finally:
-        for h in handles:
-            h.remove()
-    return captured
-
-
-@torch.no_grad()
-def layer_terms(attn, x, pe, pos, rows):
-    """What the attention layer attn (model.SelfAttention) adds up for the query rows `rows` (sequence
-    indices) of x [1, T, C]: A, bias, f (DAPE's term, by dape.py's plain form), the pre-softmax logits and the
-    probabilities, each [H, R, T] float32 (None where the model has none), and `out` [R, C], the layer's
-    output at those rows computed from them (equal to its forward's: the test of this function)."""
-    T = x.shape[1]
-    q, k, v = attn.qkv(x, pe, pos)
-    qi = torch.as_tensor(rows, device=x.device)
-    ki = torch.arange(T, device=x.device)
-    state = pe.state(x, k) if pe.reads_input else None
-    A, bias = attn.scores(q[:, :, qi], k, pe, pos[qi], pos, qi, ki, state)
-    content = (q[:, :, qi] @ k.transpose(-1, -2)).float() / math.sqrt(q.shape[-1])
-    if bias is not None:
-        bias = as_map(bias).expand_as(A)
-    future = ki[None, :] > qi[:, None] if attn.causal else None
-    logits = A if bias is None else A + bias
-    f = None
-    if attn.dape is not None:  # logits = A + bias + f, except for 'concat' (A + f) and no bias (A + f)
-        logits = attn.dape(A, bias, future)
-        f = logits - A - (bias if bias is not None and attn.dape.variant != "concat" else 0.0)
-    att = F.softmax(logits if future is None else logits.masked_fill(future, float("-inf")), dim=-1)
-    y = rearrange(att.to(v.dtype) @ v, "b h r d -> b r (h d)")
-    # for CoPE and PaTH the position term drawn as the bias is what they make of the content logits A
-    position = bias if bias is not None else (A - content if pe.contextual else None)
-    sq = lambda t: None if t is None else t[0].float().cpu()
-    return {'A': sq(content), 'B': sq(position), 'f': sq(f), 'logits': sq(logits), 'att': sq(att),
-            'out': attn.c_proj(y)[0].float().cpu()}
 
 
 def term_names(model):

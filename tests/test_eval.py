@@ -97,8 +97,9 @@ def test_only_the_last_k_targets_are_scored():
         _, loss = model(x, masked)
     np.testing.assert_allclose(ce.reshape(-1), manual.numpy(), rtol=1e-5, atol=1e-6)
     assert abs(ce.mean() - loss.item()) < 1e-5
-    # shorter than K: every target is scored
-    assert E.score_windows(model, x[:, :5], y[:, :5], K, 3, 'cpu', torch.no_grad()).shape == (3, 5)
+    # shorter than K: refused, not scored on fewer targets than the other lengths
+    with pytest.raises(ValueError, match='last 8 targets of windows of 5'):
+        E.score_windows(model, x[:, :5], y[:, :5], K, 3, 'cpu', torch.no_grad())
 
 
 def test_same_scored_tokens_at_every_length(tmp_path):
@@ -111,6 +112,38 @@ def test_same_scored_tokens_at_every_length(tmp_path):
     assert all(int(y[i, -1]) == data[e] for i, e in enumerate(ends))
 
 
+def test_every_length_of_a_table_scores_the_same_targets(tmp_path, monkeypatch):
+    """Each column averages exactly the same target tokens: by default the last half of the shortest length
+    of every window, with windows enough for 4096 scored tokens per cell; a K that would leave the shortest
+    column with fewer targets than the others is refused, naming the fix."""
+    root = str(tmp_path)
+    make_data(root, n=20000)
+    run = make_ckpt(root, 'kerple_s1', 1, pos='kerple')
+    scored = {}
+    real = E.score_windows
+
+    def spy(model, x, y, K, *args, **kw):
+        scored[x.shape[1]] = y[:, -K:].clone()
+        return real(model, x, y, K, *args, **kw)
+    monkeypatch.setattr(E, 'score_windows', spy)
+    res = E.evaluate(cfg(out_dir=os.path.join(root, 'res'), eval_tokens=0, num_windows=0, lengths='24,48,96'), [run])
+    assert res['protocol']['eval_tokens'] == 12 and res['protocol']['num_windows'] == math.ceil(4096 / 12)
+    assert sorted(scored) == [24, 48, 96]
+    assert all(torch.equal(scored[24], scored[L]) for L in (48, 96)), "two lengths scored different targets"
+    assert all(res['runs'][0]['results'][L]['n_tokens'] == 12 * 342 for L in (24, 48, 96))
+    # the targets are the data at the recorded window ends
+    ends = list(res['protocol']['data'].values())[0]['window_ends']
+    data = np.fromfile(os.path.join(root, 'data', 'tiny', 'val.bin'), dtype=np.uint8)
+    assert [int(v) for v in scored[96][:, -1]] == [int(data[e]) for e in ends]
+    # the defaults: half the shortest length, at most the paper's 256; at least 16 windows
+    assert E.scored_tokens([64, 128]) == (32, 128)
+    assert E.scored_tokens([512, 8192]) == (256, 16)
+    assert E.scored_tokens([64], 64, 3) == (64, 3)
+    with pytest.raises(InputError, match=r'--eval_tokens=100 is more than the shortest evaluation length 24.*'
+                                         r'--eval_tokens=<=24'):
+        E.evaluate(cfg(out_dir=os.path.join(root, 'r2'), eval_tokens=100, lengths='24,48,96'), [run])
+
+
 def test_evaluate_protocol_tables_and_files(tmp_path):
     root = str(tmp_path)
     make_data(root, n=3000)
@@ -119,14 +152,13 @@ def test_evaluate_protocol_tables_and_files(tmp_path):
             make_ckpt(root, 'dape_kerple_s2', 2, pos='kerple', dape='v1'),
             make_ckpt(root, 'learned', 0, pos='learned')]
     out = os.path.join(root, 'res')
-    res = E.evaluate(cfg(out_dir=out, plot=True, lengths='8,32,64,128,4096'), [os.path.join(root, 'out')])
-    assert res['lengths'] == [8, 32, 64, 128, 4096]
+    res = E.evaluate(cfg(out_dir=out, plot=True, lengths='16,32,64,128,4096'), [os.path.join(root, 'out')])
+    assert res['lengths'] == [16, 32, 64, 128, 4096]
     by_name = {r['name']: r for r in res['runs']}
     assert len(by_name) == 5
     for r in res['runs']:
         assert r['results'][4096] == {'status': 'too long'}  # the split holds 3000 tokens
-        assert r['results'][8]['n_tokens'] == 8 * 4  # shorter than K: all targets
-        for L in (32, 64, 128):
+        for L in (16, 32, 64, 128):
             if r['name'] != 'learned':
                 assert r['results'][L]['n_tokens'] == 16 * 4  # the same number of scored tokens
     assert by_name['learned']['results'][64] == {'status': 'n/a: learned'}
@@ -150,21 +182,21 @@ def test_evaluate_protocol_tables_and_files(tmp_path):
         raise AssertionError(f"{x} in results.json")
     with open(os.path.join(out, 'results.json')) as f:
         saved = json.load(f, parse_constant=no_nan)
-    assert saved['lengths'] == [8, 32, 64, 128, 4096] and len(saved['runs']) == 5
+    assert saved['lengths'] == [16, 32, 64, 128, 4096] and len(saved['runs']) == 5
     ends = list(saved['protocol']['data'].values())[0]['window_ends']
     assert len(ends) == 4 and saved['runs'][0]['results']['64']['window_loss']
     md = open(os.path.join(out, 'results.md')).read()
-    for s in ('| model | n | 8 | 32 | 64 | 128 | 4096 |', 'dape-kerple', 'n/a: learned', 'too long', 'Bits per byte',
+    for s in ('| model | n | 16 | 32 | 64 | 128 | 4096 |', 'dape-kerple', 'n/a: learned', 'too long', 'Bits per byte',
               "Welch", '±'):
         assert s in md
     rows = open(os.path.join(out, 'results.csv')).read().strip().splitlines()
-    assert rows[0] == 'run,model,seed,metric,8,32,64,128,4096' and len(rows) == 1 + 5 * 2  # ppl and bpb
+    assert rows[0] == 'run,model,seed,metric,16,32,64,128,4096' and len(rows) == 1 + 5 * 2  # ppl and bpb
     assert 'nan' not in open(os.path.join(out, 'results.csv')).read().lower()
     with open(os.path.join(out, 'ppl_vs_length.png'), 'rb') as f:
         assert f.read(8) == b'\x89PNG\r\n\x1a\n'
 
     # the same windows for another checkpoint evaluated on its own (same data, longest length, seed)
-    res2 = E.evaluate(cfg(out_dir=os.path.join(root, 'res2'), lengths='8,32,64,128,4096'), [runs[2]])
+    res2 = E.evaluate(cfg(out_dir=os.path.join(root, 'res2'), lengths='16,32,64,128,4096'), [runs[2]])
     assert res2['protocol']['data'] == res['protocol']['data']
     assert res2['runs'][0]['results'][64]['ppl'] == by_name['dape_kerple_s1']['results'][64]['ppl']
 
@@ -603,3 +635,46 @@ def test_visualize_writes_figures(tmp_path):
     assert [os.path.basename(w) for w in written] == ['learned_layer1_q10_rows.png', 'learned_terms.npz']
     with pytest.raises(InputError, match='layers'):
         V.visualize(dict(c, layers='5'), ck2)
+
+
+def test_far_mass_is_the_attention_beyond_the_training_length():
+    """probe.far_mass against attention computed by hand for one ALiBi layer (slopes 2^-4 and 2^-8 for two
+    heads): the mass of the last K queries on keys at least `distance` back, per head."""
+    import probe
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**dict(TINY, n_layer=1), pos='alibi')).eval()
+    L, K, distance = 40, 6, 16
+    x = torch.randint(0, 256, (3, L))
+    attn = model.transformer.h[0].attn
+    with torch.no_grad():
+        h = model.transformer.h[0].ln_1(model.transformer.wte(x))
+        q, k, _ = attn.c_attn(h).split(16, dim=2)
+        q, k = q.view(3, L, 2, 8).transpose(1, 2), k.view(3, L, 2, 8).transpose(1, 2)
+        i, j = torch.arange(L)[:, None], torch.arange(L)[None, :]
+        slopes = torch.tensor([2 ** -4, 2 ** -8])[:, None, None]
+        logits = (q @ k.transpose(-1, -2)) / math.sqrt(8) - slopes * (i - j)
+        att = torch.softmax(logits.masked_fill(j > i, float('-inf')), dim=-1)[:, :, -K:]
+        want = (att * ((i - j) >= distance)[-K:]).sum(-1).mean(-1).mean(0)
+    got = probe.far_mass(model, x, K, distance)
+    assert np.allclose(got[0], want.numpy(), atol=1e-5), (got, want)
+    assert 0 < got[0][1] < 1 and got[0][1] > got[0][0]  # the flatter head reaches farther
+    assert probe.far_mass(model, x[:, :distance], K, distance) == [[0.0, 0.0]]  # no key that far
+
+
+def test_head_values_are_what_the_encoding_learned():
+    """Kerple's r1 and r2 per layer and head as stored, and the bias the model adds at each distance (the
+    forward's clamp included)."""
+    import probe
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**TINY, pos='kerple'))
+    with torch.no_grad():
+        model.pe[1].r1[0] = -1.0  # below the forward's clamp at 0.01
+    got = probe.head_values(model, [1, 100])
+    assert len(got) == 2
+    for pe, vals in zip(model.pe, got):
+        assert vals['r1'] == pytest.approx(pe.r1.flatten().tolist(), abs=1e-6)
+        assert vals['r2'] == pytest.approx(pe.r2.flatten().tolist(), abs=1e-6)
+        r1, r2 = pe.r1.flatten().clamp(min=0.01), pe.r2.flatten().clamp(min=0.01)
+        for d in (1, 100):
+            want = (-r1 * torch.log1p(r2 * d)).tolist()
+            assert vals['bias_at'][str(d)] == pytest.approx(want, abs=1e-5)
