@@ -14,9 +14,11 @@ The one device and dtype rule (train.py, eval_extrapolate.py, sample.py, visuali
   less precise, so 'auto' stays in float32 there; an explicit dtype is honoured on any device.
 """
 
+import datetime
 import json
 import math
 import os
+import subprocess
 from contextlib import nullcontext
 from dataclasses import fields
 
@@ -285,6 +287,33 @@ def cpu_name():
         return fields['model name'] + number
     except (OSError, KeyError):
         return platform.processor() or platform.machine()
+
+
+def machine_text(device_type):
+    """The processor, its kernels and torch: on a CPU its model (common.cpu_name) and the vector kernels ATen
+    picked (e.g. 'AMD EPYC (family 25, model 1), AVX2 kernels, torch 2.13.0+cpu'), on CUDA the GPU's name."""
+    if device_type == 'cuda':
+        return f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
+    if device_type == 'cpu':
+        return f"{cpu_name()}, {torch.backends.cpu.get_cpu_capability()} kernels, torch {torch.__version__}"
+    return f"{device_type}, torch {torch.__version__}"
+
+
+def code_version():
+    """The code's commit, as `git describe --always --dirty` names it ('-dirty': with uncommitted edits), or
+    'unknown' where this is not a git checkout: with the machine it tells a later rerun what could differ."""
+    try:
+        out = subprocess.run(['git', 'describe', '--always', '--dirty'], cwd=os.path.dirname(os.path.abspath(__file__)),
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return 'unknown'
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else 'unknown'
+
+
+def provenance(command, device_type='cpu'):
+    """Where a run comes from: {commit, command, machine, date}, recorded with every result that is published."""
+    return {'commit': code_version(), 'command': command, 'machine': machine_text(device_type),
+            'date': datetime.date.today().isoformat()}
 
 
 def format_table(header, rows, markdown=False):

@@ -42,6 +42,7 @@ import dataclasses
 import json
 import math
 import os
+import shlex
 import sys
 import time
 
@@ -51,8 +52,8 @@ import torch.nn.functional as F
 
 from common import (InputError, auto_labels, autocast, checkpoints_and_config, compare_means, difference_text,
                     find_checkpoints, find_data_dir, format_table, group_over_seeds, jsonable, load_run, load_val,
-                    mean_std_text, parse_list, pick_device, pick_dtype, resolve_data_dir, rope_scaling_options,
-                    setting_of, training_data_dirs, training_setting)
+                    mean_std_text, parse_list, pick_device, pick_dtype, provenance, resolve_data_dir,
+                    rope_scaling_options, setting_of, training_data_dirs, training_setting)
 from configurator import ConfigError
 import probe
 from positional import rope_scaling_label, set_rope_scaling
@@ -705,8 +706,18 @@ def with_rope_scalings(runs, kinds, cfg):
     return out
 
 
-def evaluate(cfg, ckpt_paths):
-    """Evaluate checkpoints under the protocol; write and return the results dict."""
+def trained_by(ckpt):
+    """Where a checkpoint came from, as train.py recorded it: {commit, command, machine, date}, each the values
+    of its starts in order (a resumed run may have several), 'unknown' where the checkpoint predates the record."""
+    starts = [p for _, p in ckpt.get('provenance', [])]
+    joined = lambda values: ' ; '.join(dict.fromkeys(values)) or 'unknown'
+    return {'commit': joined(p['commit'] for p in starts), 'command': joined(p['command'] for p in starts),
+            'machine': joined(m for _, m in ckpt.get('machines', [])), 'date': joined(p['date'] for p in starts)}
+
+
+def evaluate(cfg, ckpt_paths, command='unknown (eval_extrapolate.evaluate called in a process of its own)'):
+    """Evaluate checkpoints under the protocol; write and return the results dict. `command` is the command
+    line that asked for it, recorded in the results with the commit, machine and date."""
     dev = pick_device(cfg['device'])
     ctx = autocast(dev, pick_dtype(cfg['dtype'], dev))
     if cfg['eval_tokens'] < 0 or cfg['num_windows'] < 0 or cfg['far_mass_windows'] < 1:
@@ -737,7 +748,7 @@ def evaluate(cfg, ckpt_paths):
                      'training': training_setting(ckpt), 'tokenizer': tok, 'tokenizer_from': tok_from,
                      'seed': conf.get('seed'), 'iter_num': ckpt.get('iter_num'),
                      'max_iters': conf.get('max_iters'), 'tokens_seen': tokens_seen(ckpt),
-                     'best_val_loss': ckpt.get('best_val_loss')})
+                     'best_val_loss': ckpt.get('best_val_loss'), 'trained_by': trained_by(ckpt)})
         del model
     for r, lab in zip(runs, user_labels or auto_labels(runs)):
         r['label'] = lab
@@ -754,7 +765,7 @@ def evaluate(cfg, ckpt_paths):
     K, n_windows = scored_tokens(eval_lengths, cfg['eval_tokens'], cfg['num_windows'])
 
     data_cache, protocol = {}, {'eval_tokens': K, 'num_windows': n_windows, 'seed': cfg['seed'],
-                                'lengths': eval_lengths, 'data': {}}
+                                'lengths': eval_lengths, 'data': {}, 'evaluated_by': provenance(command, torch.device(dev).type)}
     for r in runs:
         d = r['data_dir']
         if d in data_cache:
@@ -824,7 +835,8 @@ def evaluate(cfg, ckpt_paths):
 def main(argv=None):
     paths, cfg = checkpoints_and_config(sys.argv[1:] if argv is None else list(argv),
                                         {k: globals()[k] for k in config_keys}, __doc__)
-    return evaluate(cfg, paths)
+    command = shlex.join(['python', 'eval_extrapolate.py', *(sys.argv[1:] if argv is None else argv)])
+    return evaluate(cfg, paths, command)
 
 
 if __name__ == '__main__':

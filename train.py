@@ -23,6 +23,7 @@ import dataclasses
 import math
 import os
 import random
+import shlex
 import sys
 import time
 from types import SimpleNamespace
@@ -32,7 +33,7 @@ import torch
 
 import dape_paths
 import passkey
-from common import autocast, check_dataset, cpu_name, pick_dtype, read_checkpoint_file
+from common import autocast, check_dataset, machine_text, pick_dtype, provenance, read_checkpoint_file
 from configurator import ConfigError, check_device, config_defaults, configure, update_config
 from model import GPT, GPTConfig
 from positional import ENCODINGS
@@ -307,16 +308,6 @@ def checkpoint_to_resume(cfg, config, ckpt_path, ddp, master):
     return ckpt, small
 
 
-def machine_text(device_type):
-    """The processor, its kernels and torch: on a CPU its model (common.cpu_name) and the vector kernels ATen
-    picked (e.g. 'AMD EPYC (family 25, model 1), AVX2 kernels, torch 2.13.0+cpu'), on CUDA the GPU's name."""
-    if device_type == 'cuda':
-        return f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
-    if device_type == 'cpu':
-        return f"{cpu_name()}, {torch.backends.cpu.get_cpu_capability()} kernels, torch {torch.__version__}"
-    return f"{device_type}, torch {torch.__version__}"
-
-
 def peak_flops(cfg, device, dtype):
     """The accelerator's peak FLOP/s for MFU, or None on a CPU."""
     if not device.startswith('cuda'):
@@ -326,9 +317,9 @@ def peak_flops(cfg, device, dtype):
     return peak / 2 if dtype == torch.float32 and not cfg.peak_flops else peak  # tf32's peak
 
 
-def train(config=None, **overrides):
-    """Run training with DEFAULTS updated by `config` (a dict, e.g. from configure()) and `overrides`.
-    Returns a dict: iter_num, best_val_loss, losses (train loss of every step run here), evals
+def train(config=None, command='unknown (train.train called in a process of its own)', **overrides):
+    """Run training with DEFAULTS updated by `config` (a dict, e.g. from configure()) and `overrides`;
+    `command` is the command line that asked for it, which the checkpoint records (main passes it). Returns a dict: iter_num, best_val_loss, losses (train loss of every step run here), evals
     ([(iter, train, val)]), model (the trained raw model)."""
     config = update_config(DEFAULTS, {**(config or {}), **overrides})
     cfg = SimpleNamespace(**config)
@@ -400,6 +391,10 @@ def train(config=None, **overrides):
             print(f"note: the checkpoint was trained on {machines[-1][1]}; continuing on {machine}, whose "
                   f"rounding differs, so this run will not match one trained on a single machine")
         machines.append((iter_num, machine))
+    # and the code and command behind every start, so that a published result names its commit (a resume
+    # adds an entry: a run may span two commits)
+    origin = list(small.get('provenance', [])) if cfg.init_from == 'resume' else []
+    origin.append((iter_num, provenance(command, device_type)))
     if master:
         print(f"{world_size} process(es) on {device_type} ({machine}), {dtype}{', FSDP' if use_fsdp else ''}; "
               f"{accum} micro-step(s) of {cfg.batch_size} x {gptconf.block_size} per process, "
@@ -495,7 +490,7 @@ def train(config=None, **overrides):
             ck = {'model': msd, 'optimizer': osd, 'model_args': model_args, 'iter_num': iter_num,
                   'best_val_loss': best_val_loss, 'config': config, 'dataset': cfg.dataset,
                   'rng': {'world_size': world_size, 'ranks': states}, 'scaler': scaler.state_dict(),
-                  'machines': machines}
+                  'machines': machines, 'provenance': origin}
             save_checkpoint(ck, ckpt_path)
             print(f"saved checkpoint to {ckpt_path}")
 
@@ -604,7 +599,7 @@ def main(argv=None):
     # error once per process under torchrun
     argv = sys.argv[1:] if argv is None else argv
     try:
-        train(configure(DEFAULTS, argv))
+        train(configure(DEFAULTS, argv), command=shlex.join(['python', 'train.py', *argv]))
     except ConfigError as e:
         if not reports_errors():
             exit_after_reporter(2)

@@ -531,6 +531,22 @@ def test_cli_positional_checkpoints_and_error_exit(tmp_path):
                        capture_output=True, text=True, env=env, cwd=root)
     assert p.returncode == 0, p.stderr
     assert 'L=32' in p.stdout and os.path.exists(tmp_path / 'r' / 'results.md')
+    # where the result came from: the evaluation's command, commit, machine and date, and the training's as
+    # its checkpoint recorded them ('unknown' for one saved before the record, as this one)
+    saved = json.loads((tmp_path / 'r' / 'results.json').read_text())
+    evaluated = saved['protocol']['evaluated_by']
+    assert evaluated['command'] == f"python eval_extrapolate.py {a} --lengths=16,32 --eval_tokens=8 --num_windows=2 " \
+                                   f"--plot=False --out_dir={tmp_path / 'r'}"
+    assert evaluated['commit'] == common.code_version() and evaluated['machine'] == common.machine_text('cpu')
+    assert evaluated['date'] == __import__('datetime').date.today().isoformat()
+    assert saved['runs'][0]['trained_by'] == dict.fromkeys(('commit', 'command', 'machine', 'date'), 'unknown')
+    ck = torch.load(os.path.join(a, 'ckpt.pt'), weights_only=True)
+    ck['provenance'] = [(0, {'commit': 'c1', 'command': 'python train.py x', 'date': '2026-01-01', 'machine': 'm'}),
+                        (5, {'commit': 'c2', 'command': 'python train.py x --init_from=resume', 'date': '2026-01-01',
+                             'machine': 'm'})]
+    ck['machines'] = [(0, 'CPU A'), (5, 'CPU B')]
+    assert E.trained_by(ck) == {'commit': 'c1 ; c2', 'command': 'python train.py x ; python train.py x --init_from=resume',
+                                'machine': 'CPU A ; CPU B', 'date': '2026-01-01'}
     p = subprocess.run([sys.executable, os.path.join(ROOT, 'eval_extrapolate.py'), str(tmp_path / 'nope')],
                        capture_output=True, text=True, env=env, cwd=root)
     assert p.returncode == 2 and 'no checkpoint' in p.stderr and 'Traceback' not in p.stderr

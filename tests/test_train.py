@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+import common
 import train
 from configurator import ConfigError, configure
 from common import cpu_name, load_checkpoint
@@ -127,10 +128,29 @@ def test_log_and_checkpoint_name_the_machine(data_root, tmp_path, capsys, monkey
     assert 'note: the checkpoint was trained on' not in capsys.readouterr().out
     assert load_checkpoint(str(out / 'ckpt.pt'))[1]['machines'] == [(0, here)]
 
-    monkeypatch.setattr(train, 'cpu_name', lambda: 'Another CPU')
+    monkeypatch.setattr(common, 'cpu_name', lambda: 'Another CPU')
     run(data_root, out, max_iters=6, eval_interval=2, init_from='resume')
     assert f"note: the checkpoint was trained on {here}; continuing on Another CPU," in capsys.readouterr().out
     assert load_checkpoint(str(out / 'ckpt.pt'))[1]['machines'] == [(0, here), (4, here.replace(cpu_name(), 'Another CPU'))]
+
+
+def test_checkpoint_records_commit_command_and_date(data_root, tmp_path, monkeypatch):
+    """Every start of a run (a resume too) adds the code's commit, the command line and the date to the
+    checkpoint: what a published result needs to say where it came from."""
+    out = tmp_path / 'out'
+    args = [f'--{k}={v}' for k, v in TINY.items()] + ['--dataset=tiny', f'--data_root={data_root}', f'--out_dir={out}',
+                                                     '--max_iters=2', '--eval_interval=2']
+    train.main(args)
+    here = common.code_version()
+    monkeypatch.setattr(common, 'code_version', lambda: 'abc1234-dirty')
+    train.main(args[:-2] + ['--max_iters=4', '--eval_interval=2', '--init_from=resume'])
+    (s0, first), (s1, second) = load_checkpoint(str(out / 'ckpt.pt'))[1]['provenance']
+    assert (s0, s1) == (0, 2)
+    assert first['commit'] == here != 'unknown'  # this is a git checkout
+    assert first['command'] == 'python train.py ' + ' '.join(args)
+    assert second['commit'] == 'abc1234-dirty' and second['command'].endswith('--init_from=resume')
+    assert first['date'] == second['date'] == __import__('datetime').date.today().isoformat()
+    assert first['machine'] == common.machine_text('cpu')
 
 
 def test_cpu_name_has_family_and_model(monkeypatch):
