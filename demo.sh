@@ -4,16 +4,18 @@
 #   bash demo.sh            the headline, in about 20 minutes on 2 cores: install, prepare gutenberg_char, train
 #                           small byte-level models at a short training length (Kerple, DAPE-Kerple V1 and
 #                           DAPE-Kerple V2 1x3 with three seeds each; ALiBi and RoPE with one), evaluate them up to
-#                           16x that length (DAPE-X against X with its confidence interval and Welch's p), and
-#                           write the tables and the plot into README.md and docs/demo_results.md
+#                           16x that length on the same scored bytes at every length (DAPE-X against X with its
+#                           confidence interval and Welch's p), and write the report, tables and plot under
+#                           results/demo/; it changes no tracked file (publishing a run into README.md and docs/
+#                           is its own step: python demo_report.py results/demo-full --publish)
 #   bash demo.sh --full     the whole study: the above, and FoX, DAPE-FoX, PaTH, DAPE-PaTH, PaTH-FoX,
 #                           DAPE-PaTH-FoX and DAPE-Kerple with f zero at step 0, three seeds each, RoPE read with PI,
 #                           NTK-aware and YaRN, and a RoPE passkey model tested up to 16x its length (reuses the
 #                           headline's finished models)
 #   bash demo.sh --seeds=5  five seeds of every model that has several (any N >= 1; p-values need 2)
 #   bash demo.sh --smoke    the same pipeline in a minute: tiny models, a few steps, this repository's own
-#                           text as data; writes out-demo-smoke/ and results/demo-smoke/ and leaves README and docs
-#                           alone (with --full: the whole study's)
+#                           text as data; writes out-demo-smoke/ and results/demo-smoke/ (with --full: the whole
+#                           study's)
 #
 # Two training runs go at a time, one thread each (DEMO_JOBS=N for N at a time; each run gets the cores
 # divided by N): small models on a CPU train faster side by side than one after another on all cores.
@@ -166,9 +168,7 @@ $PY eval_passkey.py $DIRS --rope_scaling=none,pi,ntk,yarn --out_dir=$RESULTS/pas
 fi
 
 MINUTES=$(( ($(date +%s) - T0 + 59) / 60 ))
-if [ $SMOKE = 0 ]; then
-    step "writing the results into README.md and docs/demo_results.md"
-    $PY demo_report.py $RESULTS --minutes=$MINUTES --models=$((n + FULL))
-fi
-step "done in $MINUTES min: table $RESULTS/results.md, data $RESULTS/results.json and results.csv, plot
-$RESULTS/ppl_vs_length.png$([ $FULL = 0 ] || echo "; $RESULTS/rope_scaling/ and $RESULTS/passkey/")"
+step "the report of this run (README.md and docs/ are left as they are)"
+$PY demo_report.py $RESULTS --minutes=$MINUTES --models=$((n + FULL))
+step "done in $MINUTES min: report $RESULTS/report.md, table $RESULTS/results.md, data $RESULTS/results.json and
+results.csv, plot $RESULTS/ppl_vs_length.png$([ $FULL = 0 ] || echo "; $RESULTS/rope_scaling/ and $RESULTS/passkey/")"

@@ -1,20 +1,23 @@
 """
-Write the CPU demo's results: the README section between the demo-results markers (the setting, the
-perplexity table and the plot) and docs/demo_results.md (the rest of the same run). demo.sh runs it after
-eval_extrapolate.py:
+The CPU demo's report: the README section between the demo-results markers (the setting, the perplexity
+table and the plot) and docs/demo_results.md (the rest of the same run), made from the run's files alone.
 
-    python demo_report.py results/demo --minutes=18 --models=11
+    python demo_report.py results/demo --minutes=18 --models=11    # what demo.sh runs: the report of this run,
+                                                                    # into results/demo/ and on the screen
+    python demo_report.py results/demo-full --publish              # into README.md, docs/ and docs/results/demo/
+    python demo_report.py --tables_from=docs/results/demo          # what is published, printed again
 
-Both are made from results.json alone, so they always show what the last demo measured: the machine,
-the date, the training steps and the seeds it was given, the perplexity and bits-per-byte tables (mean ±
-sample std over seeds), DAPE-X against X (the difference of the mean perplexities with its 95%
-confidence interval and Welch's p), the plot, a few observations computed from the numbers (not written
-by hand; significance with its direction), and the paper's Table 5 beside them. --minutes and --models
-go into docs/demo_results.md as this run's time on this machine; the README's first command line, which
-gives the demo's measured time, is left alone.
+A run writes only under its results directory: meta.json (when, where, which commit, how long), report.md
+(the README section and the page as they would be published) and nothing tracked by git. Publishing is a
+separate, explicit step, refused when it would drop rows the published study has (a headline run over a
+--full study, fewer seeds): a newcomer's first `bash demo.sh` leaves the repository as it found it.
+
+Every figure in the text comes from the run's files: the machine, the date, the training steps and the
+seeds, the perplexity and bits-per-byte tables (mean ± sample std over seeds), DAPE-X against X (the
+difference of the mean perplexities with its 95% confidence interval and Welch's p), observations computed
+from the numbers (significance with its direction); beside them, the paper's Table 5, cited as published.
 """
 
-import datetime
 import json
 import math
 import os
@@ -22,9 +25,7 @@ import platform
 import shutil
 import sys
 
-import torch
-
-from common import cpu_name
+from common import machine_text, provenance
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 START, END = "<!-- demo-results:start -->", "<!-- demo-results:end -->"
@@ -38,7 +39,7 @@ PAPER_TABLE_5 = """| method (paper, 125M, Arxiv, BPE, trained at 512) | 512 | 10
 
 
 def machine():
-    return f"{cpu_name()}, {os.cpu_count()} cores, {platform.system()}, torch {torch.__version__}"
+    return f"{machine_text('cpu')}, {os.cpu_count()} cores, {platform.system()}"
 
 
 def cell(stat, fmt):
@@ -162,10 +163,12 @@ def rope_section(results_dir, has_plot):
                  if label.startswith(plain["label"] + "+") and ppl[label][-1] < ppl[plain["label"]][-1]]
         notes.append(f"below plain RoPE at {lengths[-1]}: {', '.join(below) or 'none of the three readings'}")
         turns = plain["model_args"]["block_size"] / (2 * math.pi)
+        beta = results["protocol"].get("yarn_beta")
         # YaRN keeps the frequency of dimensions that turn more than beta times over the training length.
-        notes.append(f"RoPE's fastest dimension turns {turns:.1f} times over the training length, fewer than YaRN's "
-                     f"beta = 32 (the default, chosen for LLaMA's 4096 tokens): at this length YaRN interpolates "
-                     f"every dimension at least in part, as PI does")
+        if beta is not None and turns < beta:
+            notes.append(f"RoPE's fastest dimension turns {turns:.1f} times over the training length, fewer than "
+                         f"YaRN's beta = {beta:g} (its default was chosen for LLaMA's training length): at this length "
+                         f"YaRN interpolates every dimension at least in part, as PI does")
     figure = ""
     if has_plot:
         figure = ("\n\n![loss by position in the longest windows](demo_loss_by_position.png)\n\n"
@@ -212,28 +215,56 @@ def passkey_section(results_dir):
 
 **Passkey retrieval** (`eval_passkey.py`, Mohtashami & Jaggi 2023): "The pass key is NNNNN. Remember it." hidden
 at depths {', '.join(map(str, proto['depths']))} of held-out text, then "What is the pass key? The pass key is";
-{proto['trials']} samples per length and depth. The prompt takes 81 bytes, more than the perplexity models'
+{proto['trials']} samples per length and depth. The prompt does not fit in the perplexity models'
 training length, so the demo trains a passkey model of its own ({', '.join(models)}, one seed) at {block} bytes
 with `--passkey_frac` of the training rows replaced by passkey samples (filler from the training books):
 retrieval past {block} bytes tests extrapolation alone, here of RoPE read plainly and with PI, NTK-aware and
-YaRN (s = L / {block}). At this budget Kerple and DAPE-Kerple learn retrieval only in some runs, even at
-their training length (0% in most seeds, 60% in one); a setting in which they learn it, and what was tried,
-are in [docs/passkey_results.md](passkey_results.md).
+YaRN (s = L / {block}). At this budget Kerple and DAPE-Kerple do not learn retrieval reliably, even at their
+training length; a setting in which they do, and what was tried, are in
+[docs/passkey_results.md](passkey_results.md).
 
 {md_sections(path, ('Exact match', 'Log-likelihood'))}
 
 {chr(10).join('- ' + n for n in lines)}"""
 
 
-SAVED = ("results.json", "rope_scaling/results.json", "passkey/passkey.json", "passkey/passkey.md")
+SAVED = ("results.json", "meta.json", "rope_scaling/results.json", "passkey/passkey.json", "passkey/passkey.md")
+PUBLISHED = os.path.join("docs", "results", "demo")
 
 
-def save(results_dir, minutes=None, models=None):
-    """Copy what the tables are made of into docs/results/demo/ (the files of SAVED that the run wrote, and
-    meta.json: when, where, how long), replacing an earlier run's, and the plots into docs/."""
-    saved = os.path.join(ROOT, "docs", "results", "demo")
+def write_meta(results_dir, minutes=None, models=None):
+    """RESULTS_DIR/meta.json: when and where the run was made, by which commit, how long it took."""
     if not os.path.isfile(os.path.join(results_dir, "results.json")):
         sys.exit(f"no {results_dir}/results.json: eval_extrapolate.py --out_dir={results_dir} writes it (demo.sh runs both)")
+    plot = os.path.join(results_dir, "rope_scaling", "loss_by_position.png")
+    meta = dict(provenance("python demo_report.py " + results_dir), machine=machine(), minutes=minutes, models=models,
+                loss_by_position_plot=os.path.exists(plot))
+    with open(os.path.join(results_dir, "meta.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+
+
+def dropped_rows(results_dir, published):
+    """What publishing results_dir over the study in `published` would lose: its labels that the run lacks or
+    has fewer seeds of, and its RoPE-scaling and passkey parts. Empty where nothing would be lost."""
+    if not os.path.isfile(os.path.join(published, "results.json")):
+        return []
+    with open(os.path.join(published, "results.json")) as f:
+        old = {g["label"]: g["n"] for g in json.load(f)["groups"]}
+    with open(os.path.join(results_dir, "results.json")) as f:
+        new = {g["label"]: g["n"] for g in json.load(f)["groups"]}
+    lost = [f"{label} (not in this run)" for label in old if label not in new]
+    lost += [f"{label} ({old[label]} seeds, this run {new[label]})" for label in old if label in new and new[label] < old[label]]
+    lost += [f"{part} (not in this run)" for part in ("rope_scaling/results.json", "passkey/passkey.json")
+             if os.path.exists(os.path.join(published, part)) and not os.path.exists(os.path.join(results_dir, part))]
+    return lost
+
+
+def save(results_dir):
+    """Copy what the tables are made of into docs/results/demo/ (the files of SAVED that the run wrote),
+    replacing the published run's, and the plots into docs/."""
+    saved = os.path.join(ROOT, PUBLISHED)
+    if not os.path.isfile(os.path.join(results_dir, "meta.json")):
+        write_meta(results_dir)
     tmp = saved + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
@@ -241,15 +272,11 @@ def save(results_dir, minutes=None, models=None):
         if os.path.exists(os.path.join(results_dir, name)):
             os.makedirs(os.path.dirname(os.path.join(tmp, name)), exist_ok=True)
             shutil.copyfile(os.path.join(results_dir, name), os.path.join(tmp, name))
-    plot = os.path.join(results_dir, "rope_scaling", "loss_by_position.png")
-    meta = dict(date=datetime.date.today().isoformat(), machine=machine(), minutes=minutes, models=models,
-                loss_by_position_plot=os.path.exists(plot))
-    with open(os.path.join(tmp, "meta.json"), "w") as f:
-        json.dump(meta, f, indent=1)
     shutil.rmtree(saved, ignore_errors=True)
     os.replace(tmp, saved)
     shutil.copyfile(os.path.join(results_dir, "ppl_vs_length.png"), os.path.join(ROOT, "docs", "demo_ppl_vs_length.png"))
-    if meta["loss_by_position_plot"]:
+    plot = os.path.join(results_dir, "rope_scaling", "loss_by_position.png")
+    if os.path.exists(plot):
         shutil.copyfile(plot, os.path.join(ROOT, "docs", "demo_loss_by_position.png"))
     return saved
 
@@ -333,7 +360,7 @@ For comparison, the paper's Table 5 (mean of 3 seeds; subword perplexity, so the
 
 {PAPER_TABLE_5}
 
-What a CPU-scale run does and does not reproduce: the models are ~1000x smaller than the paper's 125M,
+What a CPU-scale run does and does not reproduce: the models are far smaller than the paper's 125M,
 trained for minutes on bytes rather than days on BPE tokens, {scope}; absolute perplexities
 and the size of the gaps are not comparable. It does test the
 qualitative claims (RoPE degrading past its training length, ALiBi flat, DAPE-X at or below X), with
@@ -343,8 +370,31 @@ result of this run, not tuned away.{rope_section(saved, meta["loss_by_position_p
     return section, page
 
 
-def main(results_dir, minutes=None, models=None):
-    section, page = render(save(results_dir, minutes, models))
+def report(results_dir, minutes=None, models=None):
+    """What demo.sh runs: the run's meta.json, and report.md (the README section and the page as they would be
+    published), both in results_dir; prints them. Changes no file outside results_dir."""
+    write_meta(results_dir, minutes, models)
+    section, page = render(results_dir)
+    text = f"{section}\n\n{page}"
+    with open(os.path.join(results_dir, "report.md"), "w") as f:
+        f.write(text)
+    print(text)
+    print(f"\nwrote {results_dir}/meta.json and report.md; to publish this run into README.md, docs/ and "
+          f"{PUBLISHED}/: python demo_report.py {results_dir} --publish")
+    return text
+
+
+def publish(results_dir):
+    """The README section, docs/demo_results.md, the plots and docs/results/demo/ from results_dir, unless that
+    would drop rows of the published study."""
+    if not os.path.isfile(os.path.join(results_dir, "results.json")):
+        sys.exit(f"no {results_dir}/results.json: eval_extrapolate.py --out_dir={results_dir} writes it (demo.sh runs both)")
+    lost = dropped_rows(results_dir, os.path.join(ROOT, PUBLISHED))
+    if lost:
+        sys.exit(f"--publish refused: {results_dir} would drop what {PUBLISHED}/ publishes: {'; '.join(lost)}. "
+                 f"Run the same study (e.g. bash demo.sh --full, with as many --seeds) and publish its results "
+                 f"directory, or, to replace the study on purpose, git rm -r {PUBLISHED} first")
+    section, page = render(save(results_dir))
 
     readme_path = os.path.join(ROOT, "README.md")
     with open(readme_path) as f:
@@ -359,7 +409,7 @@ def main(results_dir, minutes=None, models=None):
             f.write(text)
         os.replace(tmp, path)
     print(f"README.md (its results section) and docs/demo_results.md rewritten from {results_dir}/results.json, "
-          f"which is kept with what else they are made of in docs/results/demo/; plots in docs/")
+          f"which is kept with what else they are made of in {PUBLISHED}/; plots in docs/")
 
 
 def tables_from(saved):
@@ -374,13 +424,18 @@ def tables_from(saved):
 
 if __name__ == "__main__":
     options = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
+    flags = [a for a in sys.argv[1:] if a.startswith("--") and "=" not in a]
     positional = [a for a in sys.argv[1:] if not a.startswith("--")]
-    if (set(options) - {"minutes", "models", "tables_from"} or len(positional) > 1
-            or len(sys.argv) - 1 > len(options) + len(positional) or ("tables_from" in options and len(options) > 1)):
-        sys.exit("usage: python demo_report.py [RESULTS_DIR] [--minutes=M --models=N]\n"
+    if (set(options) - {"minutes", "models", "tables_from"} or set(flags) - {"--publish"} or len(positional) > 1
+            or ("tables_from" in options and (len(options) > 1 or flags or positional))
+            or (flags and options)):
+        sys.exit("usage: python demo_report.py [RESULTS_DIR] [--minutes=M --models=N]   (the run's report)\n"
+                 "       python demo_report.py RESULTS_DIR --publish                    (into README.md and docs/)\n"
                  "       python demo_report.py --tables_from=docs/results/demo")
     if "tables_from" in options:
         tables_from(options["tables_from"])
+    elif flags:
+        publish(positional[0] if positional else "results/demo")
     else:
-        main(positional[0] if positional else "results/demo",
-             *(int(options[k]) if k in options else None for k in ("minutes", "models")))
+        report(positional[0] if positional else "results/demo",
+               *(int(options[k]) if k in options else None for k in ("minutes", "models")))

@@ -765,7 +765,8 @@ def evaluate(cfg, ckpt_paths, command='unknown (eval_extrapolate.evaluate called
     K, n_windows = scored_tokens(eval_lengths, cfg['eval_tokens'], cfg['num_windows'])
 
     data_cache, protocol = {}, {'eval_tokens': K, 'num_windows': n_windows, 'seed': cfg['seed'],
-                                'lengths': eval_lengths, 'data': {}, 'evaluated_by': provenance(command, torch.device(dev).type)}
+                                'lengths': eval_lengths, 'data': {}, 'yarn_alpha': cfg['yarn_alpha'],
+                                'yarn_beta': cfg['yarn_beta'], 'evaluated_by': provenance(command, torch.device(dev).type)}
     for r in runs:
         d = r['data_dir']
         if d in data_cache:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,13 +23,28 @@ def copy_repo(dst):
 def counts_of(stdout):
     """The progress lines' counts ('[4/11'), each once, in order. Two runs that finish together take counts
     apart but may print them in either order, so the order printed is not the test."""
-    counts = [line.split("]")[0].strip() for line in stdout.splitlines() if line.strip().startswith("[")]
+    counts = [line.split("]")[0].strip() for line in stdout.splitlines() if re.match(r"\s*\[\d+/\d+\]", line)]
     return sorted(counts, key=lambda c: int(c[1:].split("/")[0]))
+
+
+def snapshot(root):
+    """{path: bytes} of the repository's own files in the copy (what git would track): what a run must not touch."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel = os.path.relpath(dirpath, root)
+        if rel.split(os.sep)[0] in ("results", "out-demo-smoke", "__pycache__") or "raw" in rel.split(os.sep):
+            continue
+        for name in filenames:
+            if not name.endswith((".bin", ".pyc")) and name != "meta.json" or rel.startswith("docs"):
+                with open(os.path.join(dirpath, name), "rb") as f:
+                    out[os.path.join(rel, name)] = f.read()
+    return out
 
 
 def test_demo_smoke_runs_end_to_end(tmp_path):
     copy_repo(tmp_path)
     env = dict(os.environ, DEMO_SKIP_INSTALL="1", PYTHON=sys.executable)
+    before_runs = snapshot(tmp_path)
     # the headline: the Kerple trio with every seed, ALiBi and RoPE with one
     run = subprocess.run(["bash", "demo.sh", "--smoke"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -42,6 +58,10 @@ def test_demo_smoke_runs_end_to_end(tmp_path):
     assert [(c["label"], c["baseline"]) for c in results["comparisons"]] == [("dape-kerple", "kerple"),
                                                                            ("dapev2-kerple", "kerple")]
     assert not (head / "rope_scaling").exists() and not (head / "passkey").exists()
+    # the run's report is in its results directory, and no file of the repository changed
+    assert "Measured by `bash demo.sh --seeds=2`" in (head / "report.md").read_text()
+    assert "python demo_report.py results/demo-smoke --publish" in run.stdout
+    assert json.loads((head / "meta.json").read_text())["models"] == 8
 
     # --full: the rest of the study, reusing the headline's models
     run = subprocess.run(["bash", "demo.sh", "--smoke", "--full"], cwd=tmp_path, env=env, capture_output=True,
@@ -90,11 +110,16 @@ def test_demo_smoke_runs_end_to_end(tmp_path):
     log = (tmp_path / "out-demo-smoke" / "logs" / "dape_kerple_s2.log").read_text()
     assert "iter 4:" in log.split("resumed from")[0] and log.count("resumed from") == 2  # appended, not replaced
 
+    # nothing that the repository tracks changed: publishing is a step of its own
+    assert snapshot(tmp_path) == before_runs
     # the README section and docs/demo_results.md are rewritten from results.json, and nothing else
     readme = tmp_path / "README.md"
     before = readme.read_text()
     subprocess.run([sys.executable, "demo_report.py", str(res), "--minutes=7", "--models=23"], cwd=tmp_path,
                    check=True, capture_output=True)
+    assert readme.read_text() == before and "It trained 23 models and took 7 min" in (res / "report.md").read_text()
+    subprocess.run([sys.executable, "demo_report.py", str(res), "--publish"], cwd=tmp_path, check=True,
+                   capture_output=True)
     after = readme.read_text()
     # outside the section nothing changes: the first command line gives the demo's measured time
     assert before.split("<!-- demo-results:start -->")[0] == after.split("<!-- demo-results:start -->")[0]
@@ -123,6 +148,14 @@ def test_demo_smoke_runs_end_to_end(tmp_path):
                            check=True, capture_output=True, text=True).stdout
     written = "<!-- demo-results:start -->" + section.split("<!-- demo-results:end -->")[0] + "<!-- demo-results:end -->"
     assert again == f"{written}\n\n{page}\n"
+    # the headline's run published over the whole study would drop its rows: refused, nothing written
+    published = snapshot(tmp_path)
+    refused = subprocess.run([sys.executable, "demo_report.py", str(head), "--publish"], cwd=tmp_path,
+                             capture_output=True, text=True)
+    assert refused.returncode == 1 and "--publish refused" in refused.stderr, refused.stderr
+    assert "fox (not in this run)" in refused.stderr and "passkey/passkey.json (not in this run)" in refused.stderr
+    assert "git rm -r docs/results/demo" in refused.stderr
+    assert snapshot(tmp_path) == published
 
 
 def test_demo_and_its_report_refuse_bad_arguments(tmp_path):
@@ -189,7 +222,7 @@ def test_report_states_the_seeds_it_was_given(tmp_path, monkeypatch):
     (res / "ppl_vs_length.png").write_bytes(b"png")
     (tmp_path / "README.md").write_text("intro\n<!-- demo-results:start -->\nold\n<!-- demo-results:end -->\nend\n")
     monkeypatch.setattr(demo_report, "ROOT", str(tmp_path))
-    demo_report.main(str(res))
+    demo_report.publish(str(res))
     readme, page = (tmp_path / "README.md").read_text(), (tmp_path / "docs" / "demo_results.md").read_text()
     assert "Measured by `bash demo.sh --seeds=5`" in readme and "5 seeds of kerple, dape-kerple" in readme
     assert readme.startswith("intro\n") and readme.endswith("\nend\n")
@@ -215,3 +248,50 @@ def test_observations_cover_every_pair_the_evaluation_made():
         "- dape-kerple-zero below dape-kerple at 0 of 2 lengths"]
     assert all(line.endswith("DAPE lower, Welch p < 0.05, at 1 of 2 lengths; DAPE higher, p < 0.05, at 0 of 2")
                for line in lines)
+
+
+def test_every_figure_of_the_report_comes_from_its_files(tmp_path):
+    """The published run's files with every measured number changed: no figure of the original report is
+    left in the new one, so none is typed into a template. What stays is cited (the paper's Table 5) or a
+    rule (the significance level)."""
+    import re as _re
+    import demo_report
+    saved = os.path.join(ROOT, "docs", "results", "demo")
+    copy = tmp_path / "demo"
+    shutil.copytree(saved, copy)
+
+    def perturb(x, key=None):
+        if isinstance(x, dict):
+            return {k: perturb(v, k) for k, v in x.items()}
+        if isinstance(x, list):
+            return x if key in ("lengths", "window_ends") else [perturb(v, key) for v in x]
+        if isinstance(x, bool) or key in ("seed", "seeds", "n", "lengths", "trials", "digits"):
+            return x
+        if isinstance(x, float):
+            return x + 1.2345  # a shift: no value maps to itself
+        if isinstance(x, int) and key in ("minutes", "models", "iter_num", "n_layer", "n_head", "n_embd",
+                                          "block_size", "max_iters"):
+            return x + 3
+        return x
+    for path in copy.rglob("*.json"):
+        path.write_text(json.dumps(perturb(json.loads(path.read_text()))))
+    md = copy / "passkey" / "passkey.md"  # eval_passkey's tables: every decimal figure in it changed too
+    if md.exists():
+        md.write_text(_re.sub(r"\d+(\.\d+)?", lambda m: f"{float(m[0]) + 1.2345:.{len(m[1] or '.') - 1}f}",
+                              md.read_text()))
+    # the two texts have the same shape, so their figures pair up in order: a figure typed into a template is
+    # one that stays where it was
+    number = _re.compile(r"[-+]?(?<![\w.])\d+\.\d+(?![\w.])")
+    original = number.findall("\n".join(demo_report.render(saved)))
+    changed = number.findall("\n".join(demo_report.render(str(copy))))
+    assert len(original) == len(changed) > 100
+    cited = set(number.findall(demo_report.PAPER_TABLE_5)) | {"0.05"}
+    left = [a for a, b in zip(original, changed) if a == b and a not in cited]
+    assert not left, f"figures that did not change with the files: {left[:20]}"
+    # percentages ('60% in one seed') may come and go with the numbers, so they are compared as sets
+    percent = _re.compile(r"(?<![\w.])\d+(?:\.\d+)?%")
+    kept = set(percent.findall("\n".join(demo_report.render(saved)))) & set(
+        percent.findall("\n".join(demo_report.render(str(copy))))) - {"95%"}  # the confidence level: a rule
+    assert not kept, f"percentages that did not change with the files: {sorted(kept)}"
+    meta = json.loads((copy / "meta.json").read_text())
+    assert f"took {meta['minutes']} min" in changed or meta["minutes"] is None
