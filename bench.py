@@ -83,7 +83,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import dape_torch
-from common import cpu_name, format_table
+from common import code_version, cpu_name, format_table, machine_text
 from configurator import config_defaults, configure
 from dape import DAPEV1, DAPEV2
 from model import GPT, GPTConfig, KVCache
@@ -1026,7 +1026,8 @@ def main(argv=None):
     res = dict(meta=dict(torch=torch.__version__, python=platform.python_version(), threads=torch.get_num_threads(),
                          cpu=cpu_name(), cuda=torch.cuda.is_available(), command=command(argv),
                          loadavg_start=os.getloadavg(), started=time.strftime("%Y-%m-%d %H:%M:%S"),
-                         config=cfg, size=sz))
+                         config=cfg, size=sz, commit=code_version(), date=time.strftime("%Y-%m-%d"),
+                         machine=machine_text("cuda" if torch.cuda.is_available() else "cpu")))
     print(f"bench: torch {torch.__version__}, {torch.get_num_threads()} threads, size {sz}, load {os.getloadavg()}")
     t0 = time.time()
     if "train" in wanted:

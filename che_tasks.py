@@ -35,6 +35,7 @@ task with other test distributions (flip-flop: sparse and dense) is scored on ea
 import json
 import math
 import os
+import shlex
 import sys
 import time
 
@@ -46,7 +47,7 @@ import che_data
 import retrieval_data
 from che_data import TABLE2_TASKS, make_batch, max_sequence_length
 from common import (autocast as autocast_context, compare_means, difference_text, mean_std, mean_std_text, p_text,
-                    pick_device, pick_dtype)
+                    pick_device, pick_dtype, provenance)
 from configurator import check_device, configure
 from model import GPT, GPTConfig
 from positional import ENCODINGS
@@ -666,15 +667,16 @@ def compact_runs(cells):
     return sorted(out, key=run_key)
 
 
-def merge_runs(path, runs):
-    """Merge runs (compact_runs) into the results file `path`, each marked source: run: a run of the same
-    task, encoding, learning rate and seed is replaced (a rerun of a seed replaces its earlier figures), the
-    others are kept, and so are the file's other fields; written whole or not at all."""
+def merge_runs(path, runs, origin=None):
+    """Merge runs (compact_runs) into the results file `path`, each marked source: run and with where it came
+    from (`origin`: common.provenance's commit, command, machine and date): a run of the same task, encoding,
+    learning rate and seed is replaced (a rerun of a seed replaces its earlier figures), the others are kept,
+    and so are the file's other fields; written whole or not at all."""
     saved = {'runs': []}
     if os.path.exists(path):
         with open(path) as f:
             saved = json.load(f)
-    new = {run_key(r): dict(r, source='run') for r in runs}
+    new = {run_key(r): dict(r, source='run', **(origin or {})) for r in runs}
     saved['runs'] = sorted([r for r in saved['runs'] if run_key(r) not in new] + list(new.values()), key=run_key)
     _write_json(path, saved)
 
@@ -716,10 +718,11 @@ def grid_columns(cfg):
     return [(p, d) for d in _split(cfg['grid_dape']) for p in encodings if d == 'none' or p in with_dape]
 
 
-def run_grid(cfg, log=print):
+def run_grid(cfg, log=print, command='unknown (che_tasks.run_grid called in a process of its own)'):
     """Every task x every (pos, dape), each at every seed x learning rate: train, evaluate, print and
     write the Table 2-shaped tables. With resume=True, runs finished earlier (out_dir/runs/) are reused,
-    so an interrupted grid picks up where it stopped, and grids split by task share one out_dir."""
+    so an interrupted grid picks up where it stopped, and grids split by task share one out_dir. `command`:
+    the command line, recorded with the commit, machine and date of every run saved to save_runs."""
     tasks = resolve_tasks(cfg['grid_tasks'])
     columns = grid_columns(cfg)
     paper = any(t in PAPER_TABLE2 for t in tasks)  # the paper's figures beside CHE tasks only
@@ -745,7 +748,7 @@ def run_grid(cfg, log=print):
             plot_per_length({encoding_label(p, d): cells[(t, p, d)] for p, d in columns},
                             TASKS[t], os.path.join(out, f"{t}.png"), cfg)
     if cfg['save_runs']:
-        merge_runs(cfg['save_runs'], compact_runs(cells))
+        merge_runs(cfg['save_runs'], compact_runs(cells), provenance(command, torch.device(pick_device(cfg['device'])).type))
     log(f"\ngrid finished in {time.time() - t0:.0f}s\n")
     log(table)
     log('\nOver seeds:\n')
@@ -873,7 +876,8 @@ def main(argv=None):
         table = tables_from_file(config)
         print(table)
         return table
-    return run_grid(config) if config['grid'] else run_cell(config)
+    command = shlex.join(['python', 'che_tasks.py', *(sys.argv[1:] if argv is None else argv)])
+    return run_grid(config, command=command) if config['grid'] else run_cell(config)
 
 
 if __name__ == '__main__':

@@ -316,6 +316,15 @@ def provenance(command, device_type='cpu'):
             'date': datetime.date.today().isoformat()}
 
 
+def trained_by(ckpt):
+    """Where a checkpoint came from, as train.py recorded it: {commit, command, machine, date}, each the values
+    of its starts in order (a resumed run may have several), 'unknown' where the checkpoint predates the record."""
+    starts = [p for _, p in ckpt.get('provenance', [])]
+    joined = lambda values: ' ; '.join(dict.fromkeys(values)) or 'unknown'
+    return {'commit': joined(p['commit'] for p in starts), 'command': joined(p['command'] for p in starts),
+            'machine': joined(m for _, m in ckpt.get('machines', [])), 'date': joined(p['date'] for p in starts)}
+
+
 def format_table(header, rows, markdown=False):
     """Rows of strings under a header: aligned columns for the console, or a Markdown table."""
     if markdown:

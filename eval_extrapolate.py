@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from common import (InputError, auto_labels, autocast, checkpoints_and_config, compare_means, difference_text,
                     find_checkpoints, find_data_dir, format_table, group_over_seeds, jsonable, load_run, load_val,
                     mean_std_text, parse_list, pick_device, pick_dtype, provenance, resolve_data_dir,
-                    rope_scaling_options, setting_of, training_data_dirs, training_setting)
+                    rope_scaling_options, setting_of, trained_by, training_data_dirs, training_setting)
 from configurator import ConfigError
 import probe
 from positional import rope_scaling_label, set_rope_scaling
@@ -704,15 +704,6 @@ def with_rope_scalings(runs, kinds, cfg):
             suffix = rope_scaling_label(kind, cfg['rope_scale'], not cfg['rope_scale'], r['model_args']['block_size'])
             out.append(dict(r, label=r['label'] + suffix, rope_scaling=kind))
     return out
-
-
-def trained_by(ckpt):
-    """Where a checkpoint came from, as train.py recorded it: {commit, command, machine, date}, each the values
-    of its starts in order (a resumed run may have several), 'unknown' where the checkpoint predates the record."""
-    starts = [p for _, p in ckpt.get('provenance', [])]
-    joined = lambda values: ' ; '.join(dict.fromkeys(values)) or 'unknown'
-    return {'commit': joined(p['commit'] for p in starts), 'command': joined(p['command'] for p in starts),
-            'machine': joined(m for _, m in ckpt.get('machines', [])), 'date': joined(p['date'] for p in starts)}
 
 
 def evaluate(cfg, ckpt_paths, command='unknown (eval_extrapolate.evaluate called in a process of its own)'):

@@ -51,7 +51,7 @@ import numpy as np
 from common import (InputError, auto_labels, autocast, checkpoints_and_config, compare_means, difference_text,
                     find_checkpoints, format_table, group_over_seeds, jsonable, load_run, load_val, mean_std_text,
                     p_text, parse_list, pick_device, pick_dtype, resolve_data_dir, rope_scaling_options,
-                    training_setting)
+                    trained_by, training_setting)
 from configurator import ConfigError
 from passkey import DIGITS, chance_logp_per_digit, passkey_prompts, score_prompts, summarize
 from positional import rope_scaling_label, set_rope_scaling
@@ -239,7 +239,7 @@ def evaluate(cfg, ckpt_paths):
                      'block_size': model.config.block_size,
                      'n_positions': model.pe[0].n_positions if model.config.pos == 'learned' else None,
                      'model_args': dataclasses.asdict(model.config), 'training': training_setting(ckpt),
-                     'seed': (ckpt.get('config') or {}).get('seed')})
+                     'seed': (ckpt.get('config') or {}).get('seed'), 'trained_by': trained_by(ckpt)})
         sources[(d, tok.name)] = (tok, data)
         del model
     # runs that differ only by their seed share a setting label (eval_extrapolate.py's: 'kerple',
@@ -292,7 +292,7 @@ def evaluate(cfg, ckpt_paths):
             row = {'label': label, 'setting': r['setting'] + suffix, 'seed': r['seed'], 'path': r['path'],
                    'pos': r['pos'], 'block_size': r['block_size'],
                    'rope_scaling': kind, 'rope_scale': {}, 'depths': deps, 'trials': cfg['trials'],
-                   'cells': {}, 'per_length': {}, 'samples': []}
+                   'cells': {}, 'per_length': {}, 'samples': [], 'trained_by': r['trained_by']}
             for L in lens:
                 if r['n_positions'] is not None and L > r['n_positions']:
                     row['cells'][L] = row['per_length'][L] = 'n/a: learned'
@@ -473,7 +473,9 @@ def merge_runs(path, protocol, rows):
     saved = saved_runs(path, protocol)
     kept = [{'label': r['label'], 'setting': r['setting'], 'seed': r['seed'], 'block_size': r['block_size'],
              'per_length': {str(L): c if isinstance(c, str) else {'accuracy': c['accuracy'], 'logp_mean': c['logp_mean']}
-                            for L, c in r['per_length'].items()}, 'source': 'run'} for r in rows]
+                            for L, c in r['per_length'].items()}, 'source': 'run',
+             **{k: r.get('trained_by', r).get(k, 'unknown') for k in ('commit', 'command', 'machine', 'date')}}
+            for r in rows]
     for row in kept:
         labels = [r['label'] for r in saved['rows']]
         if row['label'] in labels:

@@ -770,6 +770,11 @@ def test_saved_runs_give_the_same_tables(tmp_path):
     cells, _ = C.main(args)
     runs = json.loads(saved.read_text())['runs']
     assert len(runs) == 4 and set(runs[0]) >= {'task', 'pos', 'dape', 'seed', 'learning_rate', 'id_score', 'score'}
+    # each with where it came from: the command line, the commit, the machine and the date
+    import common
+    assert runs[0]['command'] == 'python che_tasks.py ' + ' '.join(args)
+    assert runs[0]['commit'] == common.code_version() and runs[0]['machine'] == common.machine_text('cpu')
+    assert runs[0]['date'] == __import__('datetime').date.today().isoformat()
     cfg = configure({k: getattr(C, k) for k in C.config_keys}, args)
     assert C.main(args + [f'--tables_from={saved}']) == C.seeds_table(cells, ['bucket_sort'], C.grid_columns(cfg), cfg)
 

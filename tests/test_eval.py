@@ -545,7 +545,7 @@ def test_cli_positional_checkpoints_and_error_exit(tmp_path):
                         (5, {'commit': 'c2', 'command': 'python train.py x --init_from=resume', 'date': '2026-01-01',
                              'machine': 'm'})]
     ck['machines'] = [(0, 'CPU A'), (5, 'CPU B')]
-    assert E.trained_by(ck) == {'commit': 'c1 ; c2', 'command': 'python train.py x ; python train.py x --init_from=resume',
+    assert common.trained_by(ck) == {'commit': 'c1 ; c2', 'command': 'python train.py x ; python train.py x --init_from=resume',
                                 'machine': 'CPU A ; CPU B', 'date': '2026-01-01'}
     p = subprocess.run([sys.executable, os.path.join(ROOT, 'eval_extrapolate.py'), str(tmp_path / 'nope')],
                        capture_output=True, text=True, env=env, cwd=root)

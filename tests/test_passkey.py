@@ -568,9 +568,11 @@ def test_save_runs_adds_an_evaluation_to_a_results_file(tmp_path, monkeypatch):
     saved = json.loads(path.read_text())
     assert saved['what'] == 'kept' and [r['label'] for r in saved['rows']] == ['kerple_s1', 'kerple_s3', 'kerple_s2',
                                                                              'alibi_s1']
+    # where the run came from, as its checkpoint records it ('unknown' for this one, saved without the record)
     assert saved['rows'][1] == {'label': 'kerple_s3', 'setting': 'kerple', 'seed': None, 'block_size': 48, 'source': 'run',
                                 'per_length': {'96': {'accuracy': 1.0, 'logp_mean': -0.5},
-                                               '192': {'accuracy': 0.0, 'logp_mean': -0.5}}}
+                                               '192': {'accuracy': 0.0, 'logp_mean': -0.5}},
+                                **dict.fromkeys(('commit', 'command', 'machine', 'date'), 'unknown')}
     assert '| kerple_s3 | 100% | 0% |' in EP.main([f'--tables_from={path}'])
     EP.evaluate(ep_cfg(out_dir=os.path.join(root, 'res'), plot=False, save_runs=str(path)),
                 [make_ckpt(root, 'rope_s1', pos='rope')])

@@ -111,6 +111,25 @@ def test_every_run_in_the_results_files_was_measured():
     assert counted > 0, "no runs found in docs/results/*.json"
 
 
+def test_every_run_says_where_it_came_from():
+    """Each run, row or trial in docs/results/ (and each benchmark's meta) names the code's commit, the command,
+    the machine and the date (those of its training where it has one: `trained_by`), so that a later rerun can
+    tell a change of code from a change of machine; 'unknown' only where nothing recorded it."""
+    counted = 0
+    for path in sorted(glob.glob(os.path.join(ROOT, 'docs', 'results', '**', '*.json'), recursive=True)):
+        with open(path) as f:
+            saved = json.load(f)
+        records = saved.get('runs') or saved.get('rows') or saved.get('trials') or \
+            ([saved['meta']] if 'meta' in saved else [])
+        for r in records:
+            origin = r.get('trained_by', r)
+            missing = [k for k in ('commit', 'command', 'machine', 'date') if not isinstance(origin.get(k), str)
+                       or not origin[k].strip()]
+            assert not missing, f"{os.path.relpath(path, ROOT)}: {r.get('label', r.get('name', '?'))} lacks {missing}"
+            counted += 1
+    assert counted > 0
+
+
 def test_the_demo_section_and_page_are_what_demo_report_prints():
     """The README's demo section and docs/demo_results.md are what `demo_report.py --tables_from=docs/results/demo`
     prints from the files the demo kept."""
