@@ -8,7 +8,7 @@
 #                           confidence interval and Welch's p), and write the report, tables and plot under
 #                           results/demo/; it changes no tracked file (publishing a run into README.md and docs/
 #                           is its own step: python demo_report.py results/demo-full --publish)
-#   bash demo.sh --full     the whole study: the above, and FoX, DAPE-FoX, PaTH, DAPE-PaTH, PaTH-FoX,
+#   bash demo.sh --full     the whole study: the above, and FIRE, DAPE-FIRE, FoX, DAPE-FoX, PaTH, DAPE-PaTH, PaTH-FoX,
 #                           DAPE-PaTH-FoX and DAPE-Kerple with f zero at step 0, three seeds each, RoPE read with PI,
 #                           NTK-aware and YaRN, and a RoPE passkey model tested up to 16x its length (reuses the
 #                           headline's finished models)
@@ -77,9 +77,13 @@ RUNS="kerple        kerple   none all
       dape2_kerple  kerple   v2   all
       alibi         alibi    none one
       rope          rope     none one"
-# --full: the 2025 data-dependent encodings beside their DAPE versions (does DAPE help them?), and DAPE-Kerple
-# with f's last layer zero at step 0 (v1:zero is --dape=v1 --dape_init=zero: docs/dape_init.md), every seed
+# --full: FIRE and DAPE-FIRE (FIRE is the static encoding that degrades at this setting: docs/demo_setting.md;
+# does DAPE keep it flat?), the 2025 data-dependent encodings beside their DAPE versions (does DAPE help them?),
+# and DAPE-Kerple with f's last layer zero at step 0 (v1:zero is --dape=v1 --dape_init=zero: docs/dape_init.md),
+# every seed
 [ $FULL = 0 ] || RUNS="$RUNS
+      fire          fire     none all
+      dape_fire     fire     v1   all
       fox           fox      none all
       dape_fox      fox      v1   all
       path          path     none all

@@ -67,18 +67,19 @@ def test_demo_smoke_runs_end_to_end(tmp_path):
     run = subprocess.run(["bash", "demo.sh", "--smoke", "--full"], cwd=tmp_path, env=env, capture_output=True,
                          text=True)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "training 22 models, 2 at a time" in run.stdout and run.stdout.count(", resume)") == 8
+    assert "training 26 models, 2 at a time" in run.stdout and run.stdout.count(", resume)") == 8
     # the headline's models were trained to the end: counted, but not in the time per model
     headline = [f"{name}_s{k}" for name in ("kerple", "dape_kerple", "dape2_kerple") for k in (1, 2)]
     assert sorted(line.split()[2] for line in run.stdout.splitlines() if "] reused " in line) == sorted(
         headline + ["alibi_s1", "rope_s1"])
-    assert counts_of(run.stdout) == [f"[{k}/23" for k in range(1, 24)], counts_of(run.stdout)
-    assert "[23/23] done  passkey_rope_s1 in" in run.stdout
+    assert counts_of(run.stdout) == [f"[{k}/27" for k in range(1, 28)], counts_of(run.stdout)
+    assert "[27/27] done  passkey_rope_s1 in" in run.stdout
     res = tmp_path / "results" / "demo-smoke-full"
     for name in ("results.json", "results.md", "results.csv", "ppl_vs_length.png"):
         assert (res / name).stat().st_size > 0, name
     results = json.loads((res / "results.json").read_text())
-    labels = ["kerple", "dape-kerple", "dapev2-kerple", "alibi", "rope", "fox", "dape-fox", "path", "dape-path",
+    labels = ["kerple", "dape-kerple", "dapev2-kerple", "alibi", "rope", "fire", "dape-fire", "fox", "dape-fox", "path",
+              "dape-path",
               "path_fox", "dape-path_fox", "dape-kerple-zero"]
     several = labels[:3] + labels[5:]
     assert [r["label"] for r in results["runs"]] == [l for l in labels for _ in range(2 if l in several else 1)]
@@ -87,7 +88,7 @@ def test_demo_smoke_runs_end_to_end(tmp_path):
     assert inits == {"dape-kerple": "default", "dape-kerple-zero": "zero"}
     # DAPE-X against X: every pair has two seeds a side, so a p-value at every length
     assert [(c["label"], c["baseline"]) for c in results["comparisons"]] == [
-        ("dape-kerple", "kerple"), ("dapev2-kerple", "kerple"), ("dape-fox", "fox"), ("dape-path", "path"),
+        ("dape-kerple", "kerple"), ("dapev2-kerple", "kerple"), ("dape-fire", "fire"), ("dape-fox", "fox"), ("dape-path", "path"),
         ("dape-path_fox", "path_fox"), ("dape-kerple-zero", "kerple"), ("dape-kerple-zero", "dape-kerple")]
     assert all(p["status"] == "ok" for c in results["comparisons"] for p in c["p_value"].values())
     assert results["lengths"] == [16, 32, 64, 128, 256]  # 1x .. 16x the training length
@@ -115,9 +116,9 @@ def test_demo_smoke_runs_end_to_end(tmp_path):
     # the README section and docs/demo_results.md are rewritten from results.json, and nothing else
     readme = tmp_path / "README.md"
     before = readme.read_text()
-    subprocess.run([sys.executable, "demo_report.py", str(res), "--minutes=7", "--models=23"], cwd=tmp_path,
+    subprocess.run([sys.executable, "demo_report.py", str(res), "--minutes=7", "--models=27"], cwd=tmp_path,
                    check=True, capture_output=True)
-    assert readme.read_text() == before and "It trained 23 models and took 7 min" in (res / "report.md").read_text()
+    assert readme.read_text() == before and "It trained 27 models and took 7 min" in (res / "report.md").read_text()
     subprocess.run([sys.executable, "demo_report.py", str(res), "--publish"], cwd=tmp_path, check=True,
                    capture_output=True)
     after = readme.read_text()
@@ -136,7 +137,7 @@ def test_demo_smoke_runs_end_to_end(tmp_path):
     assert f"| dape-kerple - kerple | {p['mean_diff']:+.3f} [{p['ci'][0]:+.3f}, {p['ci'][1]:+.3f}] |" in page
     assert "DAPE lower, Welch p < 0.05, at" in page and "below kerple at" in page
     assert "with 2 seeds of the pairs" in page and "three seeds" not in page and "runs three" not in page
-    assert "It trained 23 models and took 7 min" in page
+    assert "It trained 27 models and took 7 min" in page
     assert (tmp_path / "docs" / "demo_ppl_vs_length.png").exists()
     assert "RoPE context extension at evaluation" in page and "Passkey retrieval" in page
     assert (tmp_path / "docs" / "demo_loss_by_position.png").exists()
