@@ -92,6 +92,10 @@ RUNS="kerple        kerple   none all
       dape_path_fox path_fox v1   all
       dape_kerple_zero kerple v1:zero all"
 
+# progress_count NAME: the line NAME landed on in $PROGRESS, not the file's length: two runs ending at once count
+# apart (though they may print in either order)
+progress_count() { grep -n "^$1 " "$PROGRESS" | cut -d: -f1; }
+
 # train_one DIR POS DAPE SEED [ARGS...]: one run into DIR, its output into $OUT/logs/; resumes a checkpoint
 train_one() {
     local dir=$1 pos=$2 dape=$3 seed=$4; shift 4
@@ -114,9 +118,7 @@ train_one() {
         how=reused
     fi
     echo "$name $how" >> "$PROGRESS"
-    # the line its own name landed on, not the file's length: two runs ending at once count apart (though
-    # they may print in either order)
-    k=$(grep -n "^$name " "$PROGRESS" | cut -d: -f1)
+    k=$(progress_count "$name")
     if [ $how = reused ]; then
         echo "  [$k/$TOTAL] reused $name (trained before): $loss"
         return 0

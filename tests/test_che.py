@@ -793,6 +793,11 @@ def test_save_runs_merges_reruns_into_a_results_file(tmp_path):
     assert saved['what'] == 'kept'
     assert [(r['dape'], r['seed'], r['score'], r['source']) for r in saved['runs']] == [
         ('none', 0, 9.0, 'run'), ('none', 1, 2.0, 'run'), ('none', 2, 8.0, 'run'), ('v1', 0, 3.0, 'published')]
+    # a run at another learning rate is another run: kept beside the one it does not replace
+    C.merge_runs(str(path), [dict(run(0, 'none', 5.0), learning_rate=3e-3)])
+    saved = json.loads(path.read_text())
+    assert [(r['learning_rate'], r['score']) for r in saved['runs'] if r['dape'] == 'none' and r['seed'] == 0] == [
+        (1e-3, 9.0), (3e-3, 5.0)]
 
 
 @pytest.mark.parametrize('task', ['bucket_sort', 'flip_flop', 'mqar'])

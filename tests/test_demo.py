@@ -296,3 +296,28 @@ def test_every_figure_of_the_report_comes_from_its_files(tmp_path):
     assert not kept, f"percentages that did not change with the files: {sorted(kept)}"
     meta = json.loads((copy / "meta.json").read_text())
     assert f"took {meta['minutes']} min" in changed or meta["minutes"] is None
+
+
+def test_below_counts_strict_differences_at_lengths_with_both_perplexities():
+    """'below X at k of n lengths': a tie is not below, and a length where either model has no perplexity is
+    not counted at all."""
+    import demo_report
+    stat = lambda m: {"status": "ok", "mean": m, "std": 0.1, "n": 3} if m else {"status": "too long"}
+    groups = [{"label": label, "ppl": {L: stat(m) for L, m in zip(("64", "128", "256"), values)}}
+              for label, values in [("kerple", (6.5, 7.0, 6.0)), ("dape-kerple", (6.0, 7.0, None))]]
+    results = {"lengths": [64, 128, 256], "groups": groups,
+               "comparisons": [_comparison({64: (0.01, -0.5), 128: (0.9, 0.0), 256: "too long"})]}
+    (line,) = [line for line in demo_report.observations(results).splitlines() if " below " in line]
+    assert line.startswith("- dape-kerple below kerple at 1 of 2 lengths"), line
+
+
+def test_progress_count_is_the_runs_own_line(tmp_path):
+    """Two runs that end at once: each counts by the line its own name landed on, not by the file's length
+    when it reads it (which would give both the same count)."""
+    with open(os.path.join(ROOT, "demo.sh")) as f:
+        (definition,) = [line for line in f if line.startswith("progress_count()")]
+    progress = tmp_path / "finished"
+    progress.write_text("a trained\nb trained\n")
+    out = subprocess.run(["bash", "-c", definition + "progress_count a; progress_count b"], capture_output=True,
+                         text=True, env=dict(os.environ, PROGRESS=str(progress)))
+    assert out.stdout.split() == ["1", "2"], out.stdout + out.stderr

@@ -75,6 +75,9 @@ def test_window_ends_deterministic_on_a_grid_and_leave_room():
     assert all((2999 - e) % 256 == 0 for e in a)  # grid of step K: scored stretches never overlap
     assert len(set(a.tolist())) == 5
     assert len(E.window_ends(600, 512, 256, 10, seed=0)) == 1  # only room for one
+    # the last candidate: a window of exactly `longest` inputs ending at the split's last token
+    assert E.window_ends(513, 512, 64, 3, seed=0).tolist() == [512]
+    assert E.window_ends(513 + 64, 512, 64, 3, seed=0).tolist() == [512, 576]
     with pytest.raises(InputError):
         E.window_ends(100, 512, 256, 5, seed=0)
 
@@ -464,11 +467,14 @@ def test_zero_init_is_compared_with_its_encoding_and_with_the_default_init():
     groups = [group('kerple', pos='kerple'), group('dape-kerple', pos='kerple', dape='v1'),
               group('dape-kerple-zero', pos='kerple', dape='v1', dape_init='zero'),
               group('dapev2-kerple-zero', pos='kerple', dape='v2', dape_init='zero'),
+              group('dapev2-kerple', pos='kerple', dape='v2'),
               group('dape-kerple[lr]', lr=3e-3, pos='kerple', dape='v1'),
               group('dape-alibi-zero', pos='alibi', dape='v1', dape_init='zero')]
     pairs = [(a['label'], b['label']) for a, b in E.comparison_pairs(groups)]
+    # V2 as V1: its f zero at step 0 against its default init too
     assert pairs == [('dape-kerple', 'kerple'), ('dape-kerple-zero', 'kerple'), ('dapev2-kerple-zero', 'kerple'),
-                     ('dape-kerple-zero', 'dape-kerple')]
+                     ('dapev2-kerple', 'kerple'), ('dape-kerple-zero', 'dape-kerple'),
+                     ('dapev2-kerple-zero', 'dapev2-kerple')]
 
 
 def test_pairs_checked_before_evaluation(tmp_path, monkeypatch):

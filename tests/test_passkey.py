@@ -582,6 +582,11 @@ def test_save_runs_adds_an_evaluation_to_a_results_file(tmp_path, monkeypatch):
     EP.merge_runs(str(path), protocol, [dict(rows[1], label='kerple_s0', seed=0), dict(rows[1], label='kerple_s9', seed=9)])
     assert [r['label'] for r in json.loads(path.read_text())['rows']] == [
         'kerple_s0', 'kerple_s1', 'kerple_s3', 'kerple_s2', 'kerple_s9', 'alibi_s1', 'rope_s1']
+    # a new run of a seed already there goes after it, not before
+    EP.merge_runs(str(path), protocol, [dict(rows[1], label='kerple_s1b', seed=1)])
+    # (kerple_s3, evaluated above, has no seed recorded: it counts as seed 0)
+    assert [r['label'] for r in json.loads(path.read_text())['rows']][:4] == ['kerple_s0', 'kerple_s1', 'kerple_s3',
+                                                                             'kerple_s1b']
     before, n = path.read_text(), len(scored)
     with pytest.raises(InputError, match="holds runs evaluated with .*'trials': 2.* uses .*'trials': 3"):
         EP.evaluate(ep_cfg(out_dir=os.path.join(root, 'res'), plot=False, save_runs=str(path), trials=3), [ckpt])
