@@ -546,6 +546,16 @@ def t_quantile(p, df):
     return t if p >= 0.5 else -t
 
 
+def mean_ci(values, level=0.95):
+    """The mean of values with its confidence interval (Student's t, n - 1 degrees of freedom): (mean, lo, hi),
+    or None with fewer than two values."""
+    v = np.asarray(values, dtype=np.float64)
+    if len(v) < 2:
+        return None
+    half = t_quantile(0.5 + level / 2, len(v) - 1) * float(v.std(ddof=1)) / math.sqrt(len(v))
+    return float(v.mean()), float(v.mean()) - half, float(v.mean()) + half
+
+
 def compare_means(a, b, level=0.95):
     """a against b: the difference of their means with its confidence interval (Welch-Satterthwaite
     degrees of freedom, the t quantile) and Welch's two-sided p. -> {'status': 'ok', n_a, n_b, mean_a,

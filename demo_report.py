@@ -25,7 +25,7 @@ import platform
 import shutil
 import sys
 
-from common import machine_text, provenance
+from common import machine_text, mean_ci, provenance
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 START, END = "<!-- demo-results:start -->", "<!-- demo-results:end -->"
@@ -108,16 +108,29 @@ def ppl_by_label(results):
     return {g["label"]: [g["ppl"][str(L)].get("mean") for L in results["lengths"]] for g in results["groups"]}
 
 
+def seed_ratio(group, first, last):
+    """Each seed's perplexity at length `last` over its own at `first`: (mean, lo, hi) of the 95% CI over seeds,
+    or None with fewer than two seeds that have both."""
+    a, b = (group["ppl"][str(L)].get("values") or [] for L in (first, last))
+    return mean_ci([y / x for x, y in zip(a, b)]) if len(a) == len(b) else None
+
+
 def observations(results):
     """Sentences stating what the numbers show, for the paper's qualitative claims."""
     lengths = results["lengths"]
     ppl = ppl_by_label(results)
     first, last = lengths[0], lengths[-1]
     notes = []
-    for label, values in ppl.items():
+    for g in results["groups"]:
+        values = ppl[g["label"]]
         if values[0] and values[-1]:
-            notes.append(f"{label}: {values[0]:.3f} at {first} (the training length), {values[-1]:.3f} at {last} "
-                         f"({values[-1] / values[0]:.2f}x)")
+            note = (f"{g['label']}: {values[0]:.3f} at {first} (the training length), {values[-1]:.3f} at {last} "
+                    f"({values[-1] / values[0]:.3f}x)")
+            ratio = seed_ratio(g, first, last)
+            if ratio:
+                note += (f"; per seed, {last} over {first}: {ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}] "
+                         f"(mean, 95% CI over {g['n']} seeds)")
+            notes.append(note)
     # the evaluation's own pairs: DAPE-X with X, and DAPE-X with f zero at step 0 with X and with DAPE-X
     for c in results["comparisons"]:
         dape_label, base = c["label"], c["baseline"]

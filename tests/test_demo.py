@@ -7,6 +7,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -268,8 +270,12 @@ def test_every_figure_of_the_report_comes_from_its_files(tmp_path):
             return x if key in ("lengths", "window_ends") else [perturb(v, key) for v in x]
         if isinstance(x, bool) or key in ("seed", "seeds", "n", "lengths", "trials", "digits"):
             return x
+        if isinstance(x, float) and key == "p":  # kept a probability, so that it prints in the same form
+            return x * 0.5 + 0.0017
         if isinstance(x, float):
-            return x + 1.2345  # a shift: no value maps to itself
+            # up by at least 0.5, by an amount that varies with the value: no figure maps to itself, nor does
+            # a ratio of two
+            return x + 0.5 + 0.37 * abs(x) + (x * 7919.123) % 0.5
         if isinstance(x, int) and key in ("minutes", "models", "iter_num", "n_layer", "n_head", "n_embd",
                                           "block_size", "max_iters"):
             return x + 3
@@ -321,3 +327,20 @@ def test_progress_count_is_the_runs_own_line(tmp_path):
     out = subprocess.run(["bash", "-c", definition + "progress_count a; progress_count b"], capture_output=True,
                          text=True, env=dict(os.environ, PROGRESS=str(progress)))
     assert out.stdout.split() == ["1", "2"], out.stdout + out.stderr
+
+
+def test_the_ratio_to_the_training_length_is_per_seed_with_its_interval():
+    """Each seed's perplexity at the longest length over its own at the training length, the mean with the 95%
+    t interval over seeds (common.mean_ci), as scipy computes it."""
+    import numpy as np
+    import demo_report
+    scipy_stats = pytest.importorskip("scipy.stats")
+    first, last = [7.0, 7.2, 6.9], [14.0, 15.1, 13.2]
+    group = {"label": "fire", "n": 3, "ppl": {"64": {"status": "ok", "values": first},
+                                              "1024": {"status": "ok", "values": last}}}
+    ratios = [b / a for a, b in zip(first, last)]
+    want = scipy_stats.t.interval(0.95, 2, loc=np.mean(ratios), scale=scipy_stats.sem(ratios))
+    mean, lo, hi = demo_report.seed_ratio(group, 64, 1024)
+    assert mean == pytest.approx(np.mean(ratios)) and (lo, hi) == pytest.approx(want, rel=1e-9)
+    group["ppl"]["64"]["values"] = first[:2]  # a seed without a value at one length: no interval
+    assert demo_report.seed_ratio(group, 64, 1024) is None
