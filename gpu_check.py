@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 
-from common import cpu_name, format_table
+from common import code_version, cpu_name, format_table, machine_text
 from configurator import config_defaults, configure
 
 # -----------------------------------------------------------------------------
@@ -189,8 +189,11 @@ def main(argv=None):
         return text
     path = cfg["out"] or os.path.join(ROOT, "results/gpu_dry.json" if cfg["dry"] else "docs/results/gpu.json")
     t0 = time.time()
+    import torch
     res = dict(meta=dict(machine(), dry=cfg["dry"], started=time.strftime("%Y-%m-%d %H:%M"),
-                         command="python gpu_check.py" + (" --dry" if cfg["dry"] else "")))
+                         command="python gpu_check.py" + (" --dry" if cfg["dry"] else ""), commit=code_version(),
+                         date=time.strftime("%Y-%m-%d"),
+                         machine=machine_text("cuda" if torch.cuda.is_available() else "cpu")))
     print(f"gpu_check: {res['meta']['gpu'] or 'no GPU'}, torch {res['meta']['torch']}, "
           f"Triton {res['meta']['triton']}", flush=True)
     res["tests"] = run_tests(cfg)

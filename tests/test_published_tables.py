@@ -55,6 +55,9 @@ def run(command):
         if script == 'bench.py':
             import bench
             return bench.main(args)
+        if script == 'demo_report.py':
+            import demo_report
+            return demo_report.main(args)
     finally:
         os.chdir(cwd)
     raise AssertionError(f"no way to run {command!r} here")
@@ -62,7 +65,7 @@ def run(command):
 
 @pytest.mark.parametrize('page, command, text', blocks(), ids=lambda v: v if isinstance(v, str) and len(v) < 120 else '')
 def test_each_published_table_is_what_its_command_writes(page, command, text, capsys):
-    assert '--tables_from=docs/results/' in command, (page, command)
+    assert '_from=docs/results/' in command, (page, command)
     assert run(command).strip() == text.strip(), f"{page}: the table under `{command}` is not what it prints"
 
 
