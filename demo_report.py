@@ -479,6 +479,16 @@ def add_trial(search_path, trial):
     os.replace(tmp, search_path)
 
 
+def rank_corr(a, b):
+    """Spearman's rank correlation of two equally long lists (ties ranked by order: they do not occur in
+    learned per-head values)."""
+    ranks = lambda v: [sorted(range(len(v)), key=v.__getitem__).index(i) for i in range(len(v))]
+    ra, rb = ranks(a), ranks(b)
+    mean = (len(a) - 1) / 2
+    cov = sum((x - mean) * (y - mean) for x, y in zip(ra, rb))
+    return cov / sum((x - mean) ** 2 for x in ra)
+
+
 def search_tables(search):
     """The search's tables: the perplexity at each multiple of the training length against 1x (the same scored
     bytes at every length), and per trial what its heads learned and where their attention goes."""
@@ -501,8 +511,10 @@ def search_tables(search):
             for k, v in layer.items():
                 if k != "bias_at":
                     values.setdefault(k, []).extend(v)
-        learned = ", ".join(f"{k} {min(v):.3g} to {max(v):.3g}" for k, v in values.items()) or "none per head"
         m, m2 = mass(longest), mass(second) if second in t["far_mass"] else None
+        # each value's rank correlation with the heads' mass at the longest length: which heads reach far
+        learned = ", ".join(f"{k} {min(v):.3g} to {max(v):.3g} (rank correlation with the mass {rank_corr(v, m):+.2f})"
+                            for k, v in values.items() if len(v) == len(m)) or "none per head"
         heads.append(f"| {t['name']} | {len(m)} | {longest} | {sum(m) / len(m):.3f}, {max(m):.3f} | "
                      + (f"{sum(m2) / len(m2):.3f}, {max(m2):.3f}" if m2 else "-") + f" | {learned} |")
     return "\n".join(rows) + "\n\n" + "\n".join(heads)

@@ -344,3 +344,26 @@ def test_the_ratio_to_the_training_length_is_per_seed_with_its_interval():
     assert mean == pytest.approx(np.mean(ratios)) and (lo, hi) == pytest.approx(want, rel=1e-9)
     group["ppl"]["64"]["values"] = first[:2]  # a seed without a value at one length: no interval
     assert demo_report.seed_ratio(group, 64, 1024) is None
+
+
+def test_search_file_and_its_tables(tmp_path):
+    """--add_trial keeps one entry per trial name (a rerun replaces it) and --search_from prints the
+    ratios to 1x on the same bytes and each per-head value's rank correlation with the far mass (as scipy's
+    Spearman computes it)."""
+    import demo_report
+    scipy_stats = pytest.importorskip("scipy.stats")
+    a, b = [0.3, 2.0, 0.9, 1.4], [0.8, 0.1, 0.5, 0.2]
+    assert demo_report.rank_corr(a, b) == pytest.approx(scipy_stats.spearmanr(a, b).statistic)
+    path = str(tmp_path / "search.json")
+
+    def trial(name, ppl_16x):
+        return {"name": name, "changes": "x", "block_size": 64, "ppl": {"64": 7.0, "128": 7.1, "1024": ppl_16x},
+                "far_mass": {"128": [[0.1, 0.2]], "1024": [[0.4, 0.9]]}, "head_values": [{"r1": [1.0, 0.2]}]}
+    demo_report.add_trial(path, trial("fire", 21.0))
+    demo_report.add_trial(path, trial("kerple", 7.7))
+    demo_report.add_trial(path, trial("fire", 14.0))
+    text = demo_report.main([f"--search_from={path}"])
+    assert [line.split(" | ")[0] for line in text.splitlines() if line.startswith("| fire") or
+            line.startswith("| kerple")] == ["| kerple", "| fire", "| kerple", "| fire"]
+    assert "| trial | changes | ppl at 1x | 2x / 1x | 16x / 1x |" in text and "| fire | x | 7.000 | 1.014 | 2.000 |" in text
+    assert "| fire | 2 | 1024 | 0.650, 0.900 | 0.150, 0.200 | r1 0.2 to 1 (rank correlation with the mass -1.00) |" in text
