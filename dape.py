@@ -32,9 +32,11 @@ This file is the definition, and it is what runs: edit f (or a variant) here and
 the edit. dape_torch.py (the same function without the plain form's intermediate maps: CPU tiles, whole
 maps elsewhere) and dape_triton.py (fused into the attention kernel on CUDA) are faster ways to compute it
 from weights(). They record the version of this file they implement (dape_torch.IMPLEMENTS); at every call
-dape_paths.py compares a module's code as it is in memory, and its layers, with that record, and where
-anything differs (an edited f, say, but not a comment or a docstring) says so once and runs the plain form
-instead. Nothing about the edit is sampled: it runs exactly as written.
+dape_paths.py compares a module's code as it is in memory (every attribute of these classes and what their
+functions read), its layers and the library code they run with that record, and where anything differs
+(an edited f, say, but not a comment or a docstring) says so once and runs the plain form instead. Nothing
+about the edit is sampled: it runs exactly as written, within what introspection can see (dape_paths.py
+names what it cannot, such as a change made to torch.Tensor's methods rather than to this file).
 """
 
 import torch

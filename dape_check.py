@@ -14,9 +14,11 @@ whose shared memory cannot hold float32 tiles of this shape (dape_triton.refused
 import copy
 import functools
 import math
+import types
 
 import torch
 
+import dape_torch
 from positional import Terms, as_map
 
 # How far the kernel's output and every gradient may be from the float64 plain form: the root mean square of
@@ -29,8 +31,9 @@ dape_triton = None  # imported by check(): Triton is a CUDA-only dependency
 
 
 def check(module, q, k, v, bias, causal, q_offset):
-    """None, or how the kernel differs from the plain form in float64 on the call's own inputs, cut small
-    (bias: None, a map or Terms)."""
+    """(None, None), or how the kernel differs from the plain form in float64 on the call's own inputs, cut
+    small (bias: None, a map or Terms), and the path that computes the call instead: "torch", or "plain"
+    where the kernel disagrees and the PyTorch path, run on the same inputs, does not agree."""
     global dape_triton
     import dape_triton
     cut = functools.partial(dape_triton.same_class, most=CUT["rows"])  # lengths of the call's Triton class
@@ -45,7 +48,7 @@ def check(module, q, k, v, bias, causal, q_offset):
         with torch.autocast(q.device.type, enabled=False):
             want = outputs(copy.deepcopy(module).double(), _cast(x, torch.float64), causal, q_offset, attend)
     except Exception as e:
-        return f"the check's float64 reference (dape.py's plain form) failed ({describe(e)})"
+        return f"the check's float64 reference (dape.py's plain form) failed ({describe(e)})", "torch"
     autocast = torch.is_autocast_enabled(q.device.type)
     low = q.dtype if q.dtype != torch.float32 else torch.get_autocast_dtype(q.device.type) if autocast else None
     for dtype in (torch.float32, low):
@@ -55,11 +58,27 @@ def check(module, q, k, v, bias, causal, q_offset):
             with torch.autocast(q.device.type, enabled=autocast and dtype != torch.float32):
                 got = outputs(module, _cast(x, dtype) if dtype == torch.float32 else x, causal, q_offset, fused)
         except Exception as e:
-            return f"the fused kernel failed in {str(dtype)[6:]} at its check ({describe(e)})"
+            return f"the fused kernel failed in {str(dtype)[6:]} at its check ({describe(e)})", "torch"
         why = disagreement(got, want, TOLERANCE[dtype])
         if why is not None:
-            return f"the fused kernel's {why} (in {str(dtype)[6:]}; dape_triton.py, on this device)"
-    return None
+            also = _torch_path_differs(module, x, want, causal, q_offset)
+            return f"the fused kernel's {why} (in {str(dtype)[6:]}): the compiler (dape_triton.py, on this " \
+                   f"device) or a change of dape.py that dape_paths.py cannot see; " + \
+                   ("the PyTorch path agrees on this call" if also is None else f"the PyTorch path's {also} too"), \
+                   "torch" if also is None else "plain"
+    return None, None
+
+
+def _torch_path_differs(module, x, want, causal, q_offset):
+    """None where the PyTorch path (dape_torch.py) agrees in float32 with the reference want, else how not."""
+    def run(m, x, causal, q_offset):
+        return attend(m, x, causal, q_offset, functools.partial(dape_torch.residual_f, m))
+    try:
+        with torch.autocast(x["q"].device.type, enabled=False):
+            return disagreement(outputs(module, _cast(x, torch.float32), causal, q_offset, run), want,
+                                TOLERANCE[torch.float32])
+    except Exception as e:
+        return f"run failed ({describe(e)})"
 
 
 def describe(e):
@@ -80,6 +99,20 @@ def attend(module, x, causal, q_offset, residual_f=None):
     qi = torch.arange(q_offset, q_offset + A.shape[2], device=A.device)
     future = torch.arange(A.shape[3], device=A.device)[None, :] > qi[:, None] if causal else None
     return module.probs(A, as_map(bias), future, residual_f).to(x["v"].dtype) @ x["v"]
+
+
+def torch_path_gradients(module, inputs, needs, dy, causal, q_offset):
+    """The gradients on the torch path of the kernel's inputs (q, k, v, bias, u, w, w1, b1, w2, b2: None where
+    absent or not needed) for the incoming gradient dy, then None: what a failed backward launch returns."""
+    leaves = [None if t is None else t.detach().requires_grad_(n) for t, n in zip(inputs, needs)]
+    x = {n: t.float() for n, t in zip(("q", "k", "v", "bias", "u", "w"), leaves) if t is not None}
+    f = types.SimpleNamespace(weights=lambda: leaves[6:10], kernel=module.kernel, zero_future=module.zero_future,
+                              slope=module.slope)
+    with torch.enable_grad():
+        y = attend(module, x, causal, q_offset, functools.partial(dape_torch.residual_f, f))
+        wrt = [t for t in leaves if t is not None and t.requires_grad]
+        grads = iter(torch.autograd.grad(y, wrt, dy.float(), allow_unused=True))
+    return tuple(next(grads) if t is not None and t.requires_grad else None for t in leaves) + (None,)
 
 
 def fused(module, x, causal, q_offset):

@@ -8,51 +8,53 @@ Which code computes DAPE attention, y = softmax(mask(A + B + f(A, B))) . v, and 
 
 GPTConfig.dape_impl names one, or 'auto': triton on CUDA, torch elsewhere.
 
-Decided by code: whether a fast path may run. They implement one version of dape.py, whose fingerprint
-dape_torch.IMPLEMENTS records part by part (fingerprint.py): METHODS on the class and its bases, the
-functions and constants of dape.py those read, the class attributes. At every call the module's code as
-it is in memory now (a method replaced on the class, a swapped __code__, a global of dape.py) and its
-structure (each layer's type, settings, parameters and hooks, an instance's own attributes among them,
-against a module built afresh from the same arguments) are compared with it. Where anything differs, that
-module runs the plain form with one warning naming what differs, and forcing a fast path on it is an
-error; a comment or docstring edit changes nothing. The comparison is cached by the identity of what it
-read, so a decision already made costs microseconds per layer and call (docs/gpu.md). The torch path has
-no other check: tests/ prove it equal to the plain form.
+Decided by code: whether a fast path may run. They implement one version of dape.py, which
+dape_torch.IMPLEMENTS records class by class (fingerprint.py): every attribute of the class and its bases,
+and the globals their functions read, followed through dape.py. At every call the module's code as it is
+in memory, its structure (each layer's type, settings, parameters and hooks, against a module built afresh
+from the same arguments; PyTorch's hooks for every module) and what it and its layers' classes read from
+libraries (by identity with what this file's import found) are compared with the record, both ways. Where
+anything differs, that module runs the plain form with one warning naming it, and forcing a fast path on
+it is an error; a comment or docstring edit, even made to the file after import, changes nothing. Not seen:
+PyTorch below the names that dape.py and its layers' classes read (nn.Module's machinery, torch.Tensor's
+methods, C++ operators, torch function or dispatch modes), a library's object replaced before this file is
+imported by code from outside dape.py, closure cells rewritten. The comparison is cached by
+the identity of what it read: microseconds per layer and call (docs/gpu.md). The torch path has no other
+check: tests/ prove it equal to the plain form (in bfloat16 on the CPU, to rounding: dape_torch.py).
 
 Checked by numbers: the fused kernel alone, where a compiler can be wrong. At its first call of each kind
-(_kernel_key: what Triton compiles a separate binary for, and which gradients are asked for) it runs
-forward and backward on the call's own inputs, cut to a few sequences, queries and keys of the same Triton
-class, against the plain form in float64: in float32, held to float32 rounding, and for a 16-bit call in
-its dtype too, held to that dtype's rounding (so the loose tolerance never decides whether it computes f).
-Its backward takes the incoming gradient contiguous, so the check runs the binaries the model runs. A
-kernel that fails or disagrees there, or whose launch later raises, forward or backward, sends that kind
-of call to the torch path with one warning naming the stage under 'auto', and is an error under 'triton'.
-Under torch.distributed the ranks agree on the kernel's verdict for training calls (DDP and FSDP step in
-lockstep); evaluation calls, which one rank may make alone, decide locally.
+(_kernel_key: its binary, and which gradients are asked for) it runs forward and backward on the call's
+own inputs, cut small, against the plain form in float64, in float32 and in a 16-bit call's dtype too
+(dape_check.py). A kernel that fails there, or whose launch later raises, sends that kind of call to the
+torch path with one warning; one that disagrees, to the torch path only where that agrees on the same
+inputs, else to the plain form (the cause: a change the record could not see, or the compiler). Forcing
+the kernel, each is an error. Under torch.distributed the ranks agree on the verdict for training calls
+(in lockstep); evaluation calls, which one rank may make alone, decide locally.
 """
 
 import functools
 import inspect
 import itertools
-import types
 import warnings
 import weakref
 
 import torch
 import torch.distributed as dist
 
+import dape
 import dape_check
 import dape_torch
 import fingerprint
 from positional import Terms, as_map
 
 IMPLS = ("auto", "plain", "torch", "triton")
-METHODS = ("__init__", "forward", "probs", "_run", "residual_f", "f", "weights")  # what the fast paths copy
 NAMES = {"torch": "the PyTorch path (dape_torch.py)", "plain": "the plain form (dape.py)"}
 CODE = weakref.WeakKeyDictionary()  # module -> (what it was read from, None or what differs from IMPLEMENTS)
 VERDICTS = {}  # kind of kernel call (_kernel_key) -> None (the kernel computes dape.py's function) or why not
-# Where 'auto' tries the kernel: CUDA. (Under Triton's interpreter it also runs on CPU tensors, slowly: the
-# tests add "cpu" here to check what auto does on a GPU.)
+BELOW = {}  # kind of kernel call that the kernel may not compute -> the path that does: "torch" or "plain"
+with torch.device("meta"):  # what dape.py's classes and their layers read from libraries, found at import
+    SEEN = {cls.__name__: fingerprint.library(cls(2)) for cls in (dape.DAPEV1, dape.DAPEV2)}
+# Where 'auto' tries the kernel (the tests add "cpu", where Triton's interpreter runs it, as auto on a GPU)
 KERNEL_DEVICES = ("cuda",)
 _warned = set()
 dape_triton = None  # imported on first use: Triton is a CUDA-only dependency
@@ -66,8 +68,7 @@ def attention(module, q, k, v, scores, causal, q_offset, step, impl="auto", drop
     Tq = q.shape[2]
     path = _first_path(impl, q, module, dropout_p, pe)
     differs = code_differs(module) if path != "plain" else None
-    if differs is not None:
-        path = _step_down(differs, impl, path, "plain")
+    path = path if differs is None else _step_down(differs, impl, path, "plain")
     if path == "triton":
         bias = scores(0, Tq, logits=False)[1]
         key = _kernel_key(module, q, k, v, bias, causal, q_offset)
@@ -82,7 +83,8 @@ def attention(module, q, k, v, scores, causal, q_offset, step, impl="auto", drop
                 if impl == "triton":
                     raise
                 why_not = VERDICTS[key] = f"the fused kernel failed ({dape_check.describe(e)})"
-        path = _step_down(why_not, impl, "triton", "torch")
+                BELOW[key] = "torch"
+        path = _step_down(why_not, impl, "triton", BELOW.get(key, "torch"))
     residual_f = functools.partial(dape_torch.residual_f, module) if path == "torch" else None
     ys = []
     for s in range(0, Tq, step):
@@ -91,9 +93,7 @@ def attention(module, q, k, v, scores, causal, q_offset, step, impl="auto", drop
         qi = torch.arange(q_offset + s, q_offset + e, device=q.device)
         future = torch.arange(k.shape[2], device=q.device)[None, :] > qi[:, None] if causal else None
         probs = module.probs(A, as_map(bias), future, residual_f)
-        if dropout_p:
-            probs = torch.nn.functional.dropout(probs, dropout_p)
-        ys.append(probs.to(v.dtype) @ v)
+        ys.append((torch.nn.functional.dropout(probs, dropout_p) if dropout_p else probs).to(v.dtype) @ v)
     return ys[0] if len(ys) == 1 else torch.cat(ys, dim=2)
 
 
@@ -131,12 +131,9 @@ def _step_down(why, impl, path, below):
 def _kernel_unsupported(q, width, kernel_size, dropout_p, pe, compiling):
     global dape_triton
     if pe is not None and (pe.contextual or pe.needs_content):  # the kernel forms A = q.k and B alone
-        name = pe.__name__ if isinstance(pe, type) else type(pe).__name__
-        return f"{name}, whose logits depend on the content"
-    if dropout_p:
-        return "attention dropout in training"
-    if compiling:
-        return "torch.compile (the kernel runs in eager mode)"
+        return f"{pe.__name__ if isinstance(pe, type) else type(pe).__name__}, whose logits depend on the content"
+    if dropout_p or compiling:
+        return "attention dropout in training" if dropout_p else "torch.compile (the kernel runs in eager mode)"
     if dape_triton is None:
         try:
             import dape_triton
@@ -162,15 +159,21 @@ def code_differs(module):
     (dape_torch.IMPLEMENTS); else what differs. Decided again only when something it read has changed."""
     seen = CODE.get(module)
     if seen is None or not fingerprint.unchanged(seen[0]):
-        CODE[module] = seen = (fingerprint.watch(module, METHODS), _differs(module))
+        CODE[module] = seen = (fingerprint.watch(module), _differs(module))
     return seen[1]
 
 
 def _differs(module):
     cls = type(module)
-    for name, print_ in fingerprint.definition(cls, METHODS).items():
-        if dape_torch.IMPLEMENTS.get(name, "absent") != print_:
-            return f"{name} is not the dape.py that the fast paths implement (edited?)"
+    record = next((k.__name__ for k in cls.__mro__ if k.__name__ in dape_torch.IMPLEMENTS), None)
+    want, seen = dape_torch.IMPLEMENTS.get(record, {}), SEEN.get(record, {})
+    try:
+        got, live = fingerprint.definition([cls]), fingerprint.library(module)
+    except ValueError as e:  # two parts under one key
+        return str(e)
+    name = next((n for n in sorted(got.keys() | want.keys(), key=str.lower) if got.get(n) != want.get(n)), None)
+    if name is not None:  # both ways: a part deleted differs too
+        return f"{name} is not the dape.py that the fast paths implement (edited?)"
     try:  # the module as its class builds it from the same arguments, on no memory
         with torch.device("meta"):
             fresh = cls(**{p: getattr(module, p) for p in list(inspect.signature(cls.__init__).parameters)[1:]})
@@ -179,25 +182,24 @@ def _differs(module):
     (got, hooks), (want, _) = fingerprint.structure(module), fingerprint.structure(fresh)
     if hooks:
         return "PyTorch's global module hooks are set (the fast paths do not call f's layers)"
-    for g, w in itertools.zip_longest(got, want):
-        if g != w:
-            return f"f's layers differ from what dape.py builds: {_difference(g, w)}"
-    return None
+    layer = next(((g, w) for g, w in itertools.zip_longest(got, want) if g != w), None)
+    if layer is not None:
+        return f"f's layers differ from what dape.py builds: {_difference(*layer)}"
+    name = next((n for n in sorted(live.keys() | seen.keys(), key=lambda k: (k not in live or k not in seen, k))
+                 if live.get(n) is not seen.get(n) or hasattr(live.get(n), "__wrapped__")), None)  # by identity
+    return None if name is None else f"{name} is not what dape.py read when dape_paths.py was imported (patched?)"
 
 
 def _difference(got, want):
     """How a layer of fingerprint.structure() differs from what dape.py builds, in words."""
+    layer = lambda x: "nothing" if x is None else f"{x[0] or 'the module'}: {x[1].__name__}"
     if got is None or want is None or got[:2] != want[:2]:
-        return f"{_layer(got)} where it builds {_layer(want)}"
-    g, w = dict(got[2]), dict(want[2])
-    what = [f"{k} = {g.get(k, 'nothing')} (dape.py: {w.get(k, 'nothing')})" for k in sorted(g.keys() | w.keys())
-            if k not in g or k not in w or g[k] != w[k]]
+        return f"{layer(got)} where it builds {layer(want)}"
+    (g, w), say = (dict(got[2]), dict(want[2])), lambda v: f"a {type(v).__name__}" if callable(v) else v  # (once)
+    what = [f"{k} = {say(g.get(k, 'nothing'))} (dape.py: {say(w.get(k, 'nothing'))})" for k in
+            sorted(g.keys() | w.keys()) if k not in g or k not in w or g[k] != w[k]]
     what += [f"parameters {dict(got[3])} (dape.py: {dict(want[3])})"] if got[3] != want[3] else []
     return f"{got[0] or 'the module'} has " + "; ".join(what + ["hooks"] * got[4])
-
-
-def _layer(layer):
-    return "nothing" if layer is None else f"{layer[0] or 'the module'}: {layer[1].__name__}"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -214,29 +216,21 @@ def _kernel_key(module, q, k, v, bias, causal, q_offset):
 
 
 def _trust_kernel(key, module, q, k, v, bias, causal, q_offset):
-    """None when the kernel may compute this kind of call, else why not (checked at its first call)."""
+    """None when the kernel may compute this kind of call, else why not and BELOW[key] what does instead."""
     if key not in VERDICTS:
-        why = dape_check.check(module, q, k, v, bias, causal, q_offset)
+        why, below = dape_check.check(module, q, k, v, bias, causal, q_offset)
         if torch.is_grad_enabled() and dist.is_available() and dist.is_initialized():
-            failed = torch.tensor([float(why is not None)], device=q.device)
-            dist.all_reduce(failed, op=dist.ReduceOp.MAX)
-            if why is None and failed.item():
-                why = "the fused kernel failed its check on another rank"
-        VERDICTS[key] = why
+            worst = torch.tensor([0.0 if why is None else 1.0 + (below == "plain")], device=q.device)
+            dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # the plain form where any rank needs it
+            why = why or ("the fused kernel failed its check on another rank" if worst.item() else None)
+            below = ("torch", "torch", "plain")[int(worst.item())]
+        VERDICTS[key], BELOW[key] = why, below
     return VERDICTS[key]
 
 
 def _backward_on_torch(module, key, causal, q_offset, error, inputs, needs, dy):
     """The kernel's backward launch raised under auto: remember it, say so, and compute this call's gradients
-    on the torch path from the kernel's own inputs (q, k, v, bias, u, w, w1, b1, w2, b2)."""
-    VERDICTS[key] = f"the fused kernel's backward pass failed ({dape_check.describe(error)})"
+    on the torch path from the kernel's own inputs."""
+    VERDICTS[key], BELOW[key] = f"the fused kernel's backward pass failed ({dape_check.describe(error)})", "torch"
     warn_once(f"DAPE: {VERDICTS[key]}: running {NAMES['torch']} for these calls")
-    leaves = [None if t is None else t.detach().requires_grad_(n) for t, n in zip(inputs, needs)]
-    x = {n: t.float() for n, t in zip(("q", "k", "v", "bias", "u", "w"), leaves) if t is not None}
-    f = types.SimpleNamespace(weights=lambda: leaves[6:10], kernel=module.kernel, zero_future=module.zero_future,
-                              slope=module.slope)
-    with torch.enable_grad():
-        y = dape_check.attend(module, x, causal, q_offset, functools.partial(dape_torch.residual_f, f))
-        wrt = [t for t in leaves if t is not None and t.requires_grad]
-        grads = iter(torch.autograd.grad(y, wrt, dy.float(), allow_unused=True))
-    return tuple(next(grads) if t is not None and t.requires_grad else None for t in leaves) + (None,)
+    return dape_check.torch_path_gradients(module, inputs, needs, dy, causal, q_offset)

@@ -249,3 +249,26 @@ def test_zero_init_in_a_model_draws_the_same_random_numbers():
         GPTConfig(**cfg, dape_init="small")
     with pytest.raises(ValueError, match="dape_init='zero' has no effect with dape='none'"):
         GPTConfig(**{**cfg, "dape": "none"}, dape_init="zero")
+
+
+@pytest.mark.parametrize("kind", [DAPEV1, DAPEV2])
+def test_reset_parameters_is_pytorchs_own_init(kind):
+    """The default init is PyTorch's own for every layer of f, V1's inside its Sequential too (what
+    model.py's GPT calls after GPT-2's init of every Linear): the same draws as the layers built afresh in
+    order from the same seed; with init zero, the last layer then zeroed."""
+    from torch import nn
+    for init in ("default", "zero"):
+        m = kind(H, D, init=init)
+        with torch.no_grad():
+            for p in m.parameters():
+                p.fill_(0.5)  # as GPT-2's init leaves them: anything else
+        torch.manual_seed(3)
+        m.reset_parameters()
+        torch.manual_seed(3)
+        C, k = m.in_channels, m.kernel
+        fresh = [nn.Linear(C, D), nn.Linear(D, H)] if kind is DAPEV1 else \
+            [nn.Conv2d(C, D, (1, k), padding=(0, k // 2)), nn.Conv2d(D, H, (1, k), padding=(0, k // 2))]
+        want = [p for layer in fresh for p in layer.parameters()]
+        got = list(m.parameters())
+        assert all(torch.equal(g, w) for g, w in zip(got[:2], want[:2]))
+        assert all(torch.equal(g, torch.zeros_like(g) if init == "zero" else w) for g, w in zip(got[2:], want[2:]))

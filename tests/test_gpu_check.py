@@ -1,6 +1,8 @@
 """gpu_check.py, the one command for a lent GPU: its dry run goes through every part at tiny size (the GPU
-tests collected and, without CUDA, skipped; the benchmark of every model; the JSON; the tables), and its
-test runner counts failures and stops a shard at its limit, failing the command."""
+tests collected and, without CUDA, skipped; the benchmark of every model; the JSON; the tables); its test
+runner counts passes, failures and errors from each process's summary line, stops the processes at the
+part's limit and runs no more processes than tests; a failure, an error or a stopped process alone fails
+the command."""
 
 import json
 import os
@@ -37,42 +39,95 @@ def test_the_dry_run_goes_through_every_part(tmp_path):
     assert text.startswith("Dry run, tiny sizes, ") and "| kerple+v1:torch | 64 x 4 |" in text
 
 
-def test_a_failing_or_stuck_test_fails_the_command(tmp_path, monkeypatch):
-    (tmp_path / "test_x.py").write_text(
-        "import time, pytest\n"
-        "pytestmark = pytest.mark.gpu\n"
-        "def test_a(): pass\n"
-        "def test_b(): assert 1 == 2\n"
-        "def test_c(): time.sleep(120)\n")
+SHARDS = (  # 8 tests in 4 processes (round robin): each process's tests, and the summary line it ends with
+    "import time, pytest\n"
+    "pytestmark = pytest.mark.gpu\n"
+    "@pytest.fixture\n"
+    "def broken():\n"
+    "    raise RuntimeError('setup')\n"
+    "def test_0(): pass\n"  # 1 failed, 1 passed
+    "def test_1(broken): pass\n"  # 2 errors
+    "def test_2(broken): pass\n"  # 1 passed, 1 error
+    "def test_3(): time.sleep(120)\n"  # stopped at the limit
+    "def test_4():\n"
+    "    time.sleep(3)\n"  # the last process waited for starts its wait late
+    "    print('7 passed in 0.01s')\n"  # a test's own output, shown in its failure's report
+    "    assert 1 == 2\n"
+    "def test_5(broken): pass\n"
+    "def test_6(): pass\n"
+    "def test_7(): pass\n")
+
+
+def run_tests(tmp_path, monkeypatch, text, **cfg):
+    (tmp_path / "test_x.py").write_text(text)
     monkeypatch.setattr(gpu_check, "ROOT", str(tmp_path))
     monkeypatch.setattr(gpu_check, "TESTS", "test_x.py")
-    cfg = dict(gpu_check.config_defaults(vars(gpu_check)), jobs=3, test_seconds=20)
-    res = gpu_check.run_tests(cfg)
-    assert res["collected"] == 3 and res["processes"] == 3
-    assert res["counts"] == {"passed": 1, "failed": 1} and res["timed_out"] == 1, res
-    assert res["failures"] and res["failures"][0].startswith("FAILED test_x.py::test_b")
-    monkeypatch.setattr(gpu_check, "run_tests", lambda cfg: res)
+    return gpu_check.run_tests(dict(gpu_check.config_defaults(vars(gpu_check)), **cfg))
+
+
+def test_the_test_runner_counts_and_stops(tmp_path, monkeypatch):
+    """Failures, errors ('1 error' and '2 errors' alike) and passes counted from each process's summary line
+    alone, not from a test's output; a process still running at the part's limit stopped there, the limit
+    being for the whole part, not for each process in turn."""
+    res = run_tests(tmp_path, monkeypatch, SHARDS, jobs=4, test_seconds=8)
+    assert res["collected"] == 8 and res["processes"] == 4
+    assert res["counts"] == {"passed": 2, "failed": 1, "errors": 3} and res["timed_out"] == 1, res
+    assert res["seconds"] < 8 + 2.5, res
+    assert res["failures"][0].startswith("FAILED test_x.py::test_4") and len(res["failures"]) == 4
+    text = gpu_check.tables(dict(run_on_a_gpu(), tests=res))
+    assert "3 errors, 1 failed, 2 passed, 1 stopped at the limit" in text and "- FAILED test_x.py::test_4" in text
+
+
+def test_no_more_processes_than_tests(tmp_path, monkeypatch):
+    """An empty shard would run every test of the file again."""
+    res = run_tests(tmp_path, monkeypatch, "import pytest\npytestmark = pytest.mark.gpu\ndef test_a(): pass\n",
+                    jobs=2, test_seconds=60)
+    assert res["processes"] == 1 and res["counts"] == {"passed": 1}, res
+
+
+TESTS_RAN = dict(collected=3, processes=3, failures=[], timed_out=0, seconds=1.0)
+
+
+@pytest.mark.parametrize("tests,fails", [(dict(counts={"passed": 3}), False),
+                                         (dict(counts={"passed": 2, "failed": 1}), True),
+                                         (dict(counts={"passed": 2}, timed_out=1), True),
+                                         (dict(counts={"passed": 2, "errors": 1}), True)],
+                         ids=["passed", "failed", "stopped", "errors"])
+def test_a_failed_or_stopped_part_fails_the_command(tmp_path, monkeypatch, tests, fails):
+    """Each alone: a failed test, a process stopped at the limit, an error, or the benchmark's failure."""
+    monkeypatch.setattr(gpu_check, "run_tests", lambda cfg: dict(TESTS_RAN, **tests))
+    monkeypatch.setattr(gpu_check, "run_bench", lambda cfg: run_on_a_gpu()["bench"])
+    out = tmp_path / "gpu.json"
+    if fails:
+        with pytest.raises(SystemExit, match="a part failed"):
+            gpu_check.main([f"--out={out}"])
+    else:
+        gpu_check.main([f"--out={out}"])
     monkeypatch.setattr(gpu_check, "run_bench", lambda cfg: dict(error="bench.py failed:\nbecause", seconds=1.0))
     with pytest.raises(SystemExit, match="a part failed"):
-        gpu_check.main([f"--out={tmp_path / 'gpu.json'}"])
-    text = gpu_check.tables(json.loads((tmp_path / "gpu.json").read_text()))
-    assert "1 failed, 1 passed, 1 stopped at the limit" in text and "- FAILED test_x.py::test_b" in text
-    assert text.endswith("bench.py: bench.py failed: (1 s).")
+        gpu_check.main([f"--out={out}"])
+    assert gpu_check.tables(json.loads(out.read_text())).endswith("bench.py: bench.py failed: (1 s).")
+
+
+def run_on_a_gpu():
+    """A GPU run's results, with a model out of memory, one past the deadline and the evaluation's figures."""
+    row = lambda model, **kw: dict(dict(model=model, pos="kerple", dape="none", T=512, batch=32, compiled=False), **kw)
+    return dict(meta=dict(gpu="NVIDIA H100 80GB HBM3", torch="2.11.0", triton="3.6.0", cpus=16, cpu="x86_64",
+                          dry=False, started="2026-11-26 12:00", seconds=300.0),
+                tests=dict(collected=66, processes=16, counts={"passed": 66}, failures=[], timed_out=0, seconds=80.0),
+                bench=dict(reference="kerple", seconds=200.0, size=dict(n_layer=12, n_head=12, n_embd=768),
+                           rows=[row("kerple", ms=30.0, ratio=1.0, vs_base=1.0, peak_mb=10240.0),
+                                 row("kerple+v2:torch", skipped="out of memory"),
+                                 row("path", skipped="past --gpu_deadline"),
+                                 row("kerple", compiled=True, ms=20.0)],
+                           eval=[dict(model="kerple", T=T, ms=T / 100, ratio=1.0, peak_mb=2048.0)
+                                 for T in (2048, 8192)],
+                           verdicts=[dict(target="a target", verdict="met", shown="1.10")]))
 
 
 def test_tables_show_what_did_not_run():
     """A model out of memory, one past the deadline and the evaluation's figures, as a GPU run leaves them."""
-    row = lambda model, **kw: dict(dict(model=model, pos="kerple", dape="none", T=512, batch=32, compiled=False), **kw)
-    res = dict(meta=dict(gpu="NVIDIA H100 80GB HBM3", torch="2.11.0", triton="3.6.0", cpus=16, cpu="x86_64",
-                         dry=False, started="2026-11-26 12:00", seconds=300.0),
-               tests=dict(collected=66, processes=16, counts={"passed": 66}, failures=[], timed_out=0, seconds=80.0),
-               bench=dict(reference="kerple", seconds=200.0, size=dict(n_layer=12, n_head=12, n_embd=768),
-                          rows=[row("kerple", ms=30.0, ratio=1.0, vs_base=1.0, peak_mb=10240.0),
-                                row("kerple+v2:torch", skipped="out of memory"),
-                                row("path", skipped="past --gpu_deadline"),
-                                row("kerple", compiled=True, ms=20.0)],
-                          eval=[dict(model="kerple", T=T, ms=T / 100, ratio=1.0, peak_mb=2048.0) for T in (2048, 8192)],
-                          verdicts=[dict(target="a target", verdict="met", shown="1.10")]))
+    res = run_on_a_gpu()
     text = gpu_check.tables(res)
     assert text.startswith("NVIDIA H100 80GB HBM3; torch 2.11.0, Triton 3.6.0; 2026-11-26 12:00; 5.0 min in all.")
     assert "66 in 16 processes): 66 passed; 80 s." in text
