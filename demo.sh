@@ -177,6 +177,6 @@ fi
 
 MINUTES=$(( ($(date +%s) - T0 + 59) / 60 ))
 step "the report of this run (README.md and docs/ are left as they are)"
-$PY demo_report.py $RESULTS --minutes=$MINUTES --models=$((n + FULL))
+$PY demo_report.py $RESULTS --minutes=$MINUTES --models=$(grep -c ' trained$' "$PROGRESS")  # this run trained (not reused)
 step "done in $MINUTES min: report $RESULTS/report.md, table $RESULTS/results.md, data $RESULTS/results.json and
 results.csv, plot $RESULTS/ppl_vs_length.png$([ $FULL = 0 ] || echo "; $RESULTS/rope_scaling/ and $RESULTS/passkey/")"

@@ -330,7 +330,8 @@ negative: DAPE lower):
         " (`bash demo.sh --full` adds FoX and PaTH with and without DAPE, RoPE context extension and passkey retrieval)"
     today, where = meta["date"], meta["machine"]
     took = ("" if minutes is None or models is None else
-            f" It trained {models} models and took {minutes} min from start to end on that machine.")
+            f" This run trained {models} model{'s' if models != 1 else ''} and took {minutes} min from start to end "
+            f"on that machine (a model an earlier run trained is reused, not counted).")
 
     section = f"""{START}
 ## Results: the CPU demo

@@ -120,7 +120,7 @@ def test_demo_smoke_runs_end_to_end(tmp_path):
     before = readme.read_text()
     subprocess.run([sys.executable, "demo_report.py", str(res), "--minutes=7", "--models=27"], cwd=tmp_path,
                    check=True, capture_output=True)
-    assert readme.read_text() == before and "It trained 27 models and took 7 min" in (res / "report.md").read_text()
+    assert readme.read_text() == before and "This run trained 27 models and took 7 min" in (res / "report.md").read_text()
     subprocess.run([sys.executable, "demo_report.py", str(res), "--publish"], cwd=tmp_path, check=True,
                    capture_output=True)
     after = readme.read_text()
@@ -139,7 +139,7 @@ def test_demo_smoke_runs_end_to_end(tmp_path):
     assert f"| dape-kerple - kerple | {p['mean_diff']:+.3f} [{p['ci'][0]:+.3f}, {p['ci'][1]:+.3f}] |" in page
     assert "DAPE lower, Welch p < 0.05, at" in page and "below kerple at" in page
     assert "with 2 seeds of the pairs" in page and "three seeds" not in page and "runs three" not in page
-    assert "It trained 27 models and took 7 min" in page
+    assert "This run trained 27 models and took 7 min" in page
     assert (tmp_path / "docs" / "demo_ppl_vs_length.png").exists()
     assert "RoPE context extension at evaluation" in page and "Passkey retrieval" in page
     assert (tmp_path / "docs" / "demo_loss_by_position.png").exists()
