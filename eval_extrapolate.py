@@ -196,12 +196,13 @@ def scored_tokens(eval_lengths, K=0, n_windows=0):
         raise InputError(f"--eval_tokens and --num_windows must be positive (0: chosen by the tool), got "
                          f"{K} and {n_windows}")
     shortest = min(eval_lengths)
+    default = max(1, min(DEFAULT_K, shortest // 2))
     if K > shortest:
         raise InputError(f"--eval_tokens={K} is more than the shortest evaluation length {shortest}: that column "
                          f"would score {shortest} targets per window and the others {K}, so the columns would "
                          f"average different tokens. Pass --eval_tokens=<={shortest}, or leave it out (then "
-                         f"{max(1, min(DEFAULT_K, shortest // 2))}), or drop the short lengths with --lengths=")
-    K = K or max(1, min(DEFAULT_K, shortest // 2))
+                         f"{default}), or drop the short lengths with --lengths=")
+    K = K or default
     return K, n_windows or max(16, math.ceil(MIN_SCORED / K))
 
 
@@ -212,14 +213,13 @@ def score_windows(model, x, y, K, batch, dev, ctx, progress=None):
     positions (the released code sliced the logits but not the labels)."""
     if K > x.shape[1]:
         raise ValueError(f"cannot score the last {K} targets of windows of {x.shape[1]} tokens")
-    k = K
     losses = []
     for s in range(0, len(x), batch):
-        xb, yb = x[s:s + batch].to(dev), y[s:s + batch, -k:].to(dev)
+        xb, yb = x[s:s + batch].to(dev), y[s:s + batch, -K:].to(dev)
         with ctx:
-            logits, _ = model(xb, last=k)
+            logits, _ = model(xb, last=K)
         ce = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), yb.reshape(-1), reduction='none')
-        losses.append(ce.view(len(xb), k).double().cpu())
+        losses.append(ce.view(len(xb), K).double().cpu())
         if progress:
             progress(s + len(xb))
     return torch.cat(losses).numpy()
@@ -266,8 +266,8 @@ def evaluate_run(model, data, meta, ends, eval_lengths, K, cfg, dev, ctx, name='
 
 
 def far_mass_of_run(model, data, ends, eval_lengths, K, block_size, dev, cfg, rope_scaling='none'):
-    """({L: [layer][head] attention mass on keys >= block_size back}, the encoding's values per head at
-    distances of 1, half, 1, 4 and 16 times the training length): probe.py's measures for one run, on the
+    """({L: [layer][head] attention mass on keys >= block_size back}, the encoding's values per head at a
+    distance of 1 and of 1/2, 1, 4 and 16 times the training length): probe.py's measures for one run, on the
     scored queries of the windows ending at `ends`."""
     mass = {}
     for L in eval_lengths:
@@ -757,7 +757,8 @@ def evaluate(cfg, ckpt_paths, command='unknown (eval_extrapolate.evaluate called
 
     data_cache, protocol = {}, {'eval_tokens': K, 'num_windows': n_windows, 'seed': cfg['seed'],
                                 'lengths': eval_lengths, 'data': {}, 'yarn_alpha': cfg['yarn_alpha'],
-                                'yarn_beta': cfg['yarn_beta'], 'evaluated_by': provenance(command, torch.device(dev).type)}
+                                'yarn_beta': cfg['yarn_beta'],
+                                'evaluated_by': provenance(command, torch.device(dev).type)}
     for r in runs:
         d = r['data_dir']
         if d in data_cache:

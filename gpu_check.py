@@ -120,7 +120,7 @@ def machine():
         triton_version = None
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     return dict(gpu=gpu, torch=torch.__version__, triton=triton_version, python=platform.python_version(),
-                cpus=os.cpu_count(), cpu=cpu_name())
+                cpus=os.cpu_count(), cpu=cpu_name(), machine=machine_text("cuda" if gpu else "cpu"))
 
 
 # -----------------------------------------------------------------------------
@@ -189,11 +189,9 @@ def main(argv=None):
         return text
     path = cfg["out"] or os.path.join(ROOT, "results/gpu_dry.json" if cfg["dry"] else "docs/results/gpu.json")
     t0 = time.time()
-    import torch
     res = dict(meta=dict(machine(), dry=cfg["dry"], started=time.strftime("%Y-%m-%d %H:%M"),
                          command="python gpu_check.py" + (" --dry" if cfg["dry"] else ""), commit=code_version(),
-                         date=time.strftime("%Y-%m-%d"),
-                         machine=machine_text("cuda" if torch.cuda.is_available() else "cpu")))
+                         date=time.strftime("%Y-%m-%d")))
     print(f"gpu_check: {res['meta']['gpu'] or 'no GPU'}, torch {res['meta']['torch']}, "
           f"Triton {res['meta']['triton']}", flush=True)
     res["tests"] = run_tests(cfg)
