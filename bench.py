@@ -6,6 +6,7 @@ Table 1. Prints a table of figures and ratios per section and writes everything 
 $ python bench.py                                   # every section at the CPU demo config
 $ python bench.py --quick                           # a tiny model, a few repeats: under a minute
 $ python bench.py --sections=train --pos=kerple,alibi --repeats=20
+$ python bench.py --sections=train --pos=kerple --dape=none,v1 --attn=softmax,stickbreaking,logn   # vs softmax
 $ python bench.py --size=125m --sections=gpu        # on a GPU: the paper's 125M, bf16, compile on/off
 $ python bench.py --sections=timing                 # Table 1: the paper's 350M, forward + backward
 
@@ -16,7 +17,10 @@ Sections
           ratios (paired rounds cancel slow drifts of a shared machine); vs_ref, the same ratio to
           --ref_pos (RoPE) with the same dape (`--pos=rope,path,path_fox --dape=none`: PaTH's cost). Two "plain" baselines run in the
           same rounds: nanoGPT's attention written out (q.k^T * scale + bias, masked_fill, softmax, @ v)
-          and scaled_dot_product_attention with the same float mask, both on the same model.
+          and scaled_dot_product_attention with the same float mask, both on the same model. --attn adds
+          the attention variants of ATTN_VARIANTS (stick-breaking, log-length scaling) to every pos x dape,
+          in the same rounds, with vs_softmax: the paired ratio to the same pos and dape with softmax (the
+          ratio and vs_ref then compare models with the same attention variant).
 - module  DAPE V1 and V2 alone on random logits A [batch, H, T, T] and bias [H, T, T], forward +
           backward: the fast paths (dape_torch.py) against the naive plain form of dape.py (expand the
           bias over the batch, concatenate, channels-last MLP or convs) with the same weights and inputs. Mode `causal` is what attention does with them (mask, softmax); mode `full` is the
@@ -32,11 +36,12 @@ Sections
           (one block) where the unblocked maps fit in --eval_unblocked_max_gb.
 - gpu     the training step at --gpu_size (the paper's 125M) in bf16 autocast for each model of --gpu_models
           (Kerple; DAPE V1 and V2 through the fused Triton kernel and on whole maps, v1:torch; FoX, DAPE-FoX,
-          PaTH) at each T x batch of --gpu_shapes, eager and compiled: each model's rounds interleaved with the
-          first model's (the ratio), and its ratio to the same encoding without DAPE (vs_base); peak memory;
-          then the evaluation forward at --gpu_eval_lengths; last, the fused kernel's targets. Without CUDA
-          it runs its CPU fallback (tiny model, PyTorch path, compile off unless --gpu_compile_on_cpu) so
-          that the code path is exercised. gpu_check.py runs it, after the GPU tests, as one command.
+          PaTH; Kerple with stick-breaking, which runs in PyTorch) at each T x batch of --gpu_shapes, eager
+          and compiled: each model's rounds interleaved with the first model's (the ratio), and its ratio to
+          the same encoding (and attention) without DAPE (vs_base); peak memory; then the evaluation
+          forward at --gpu_eval_lengths; last, the fused kernel's targets. Without CUDA it runs its CPU
+          fallback (tiny model, PyTorch path, compile off unless --gpu_compile_on_cpu) so that the code
+          path is exercised. gpu_check.py runs it, after the GPU tests, as one command.
 - fit     the fused kernels of dape_triton.py compiled, on any machine (Triton's compiler and ptxas), for
           each architecture of --fit_archs, dtype, V1 / V2 (k = 3), with a bias and without, causal and
           bidirectional, at the head shape of every config in config/: shared memory per block against the
@@ -104,6 +109,7 @@ vocab_size = 256
 pos = "nope,rope,t5,alibi,kerple,fire"  # train section: encodings (each with every dape)
 ref_pos = "rope"  # train section: the encoding each step is also compared with ('vs ref'), with the same dape
 dape = "none,v1,v2"
+attn = "softmax"  # train section: attention variants (ATTN_VARIANTS), each with every pos x dape
 dape_width = 32
 dape_kernel = 3
 repeats = 10  # measured rounds
@@ -118,9 +124,10 @@ eval_lengths = "2048,8192"
 eval_repeats = 2
 eval_unblocked_max_gb = 4.0  # skip the unblocked evaluation when its attention maps would exceed this
 gpu_size = "125m"
-# pos[+dape[:impl]]: +v1 is dape_impl auto (the fused kernel on CUDA), +v1:torch whole maps; the first is the
-# reference of the ratios, and its encoding the one the kernel's targets are read for
-gpu_models = "kerple,kerple+v1,kerple+v1:torch,kerple+v2,kerple+v2:torch,fox,fox+v1,path"
+# pos[+dape[:impl]][/attn]: +v1 is dape_impl auto (the fused kernel on CUDA), +v1:torch whole maps, /attn one
+# of ATTN_VARIANTS (softmax if none); the first is the reference of the ratios, and its encoding the one the
+# kernel's targets are read for
+gpu_models = "kerple,kerple+v1,kerple+v1:torch,kerple+v2,kerple+v2:torch,fox,fox+v1,path,kerple/stickbreaking"
 gpu_shapes = "512x8,512x32,1024x16,1024x32"  # T x batch
 gpu_compile = "eager,compiled"  # which of the two to time (the fused kernel runs eager only)
 gpu_eval_lengths = "2048,8192"
@@ -145,6 +152,14 @@ threads = 0  # torch.set_num_threads; 0: PyTorch's default
 seed = 0
 out = "results/bench.json"
 
+# attention variants (--attn, /attn in --gpu_models): GPTConfig's options against softmax attention
+ATTN_VARIANTS = {
+    "softmax": {},
+    "stickbreaking": dict(attn="stickbreaking"),
+    "stickbreaking_current": dict(attn="stickbreaking", sb_current=True),
+    "logn": dict(logn_scale="learned"),
+    "stickbreaking_logn": dict(attn="stickbreaking", logn_scale="learned"),
+}
 SIZES = {
     "tiny": dict(n_layer=2, n_head=4, n_embd=64, block_size=64, batch_size=4),
     "125m": dict(n_layer=12, n_head=12, n_embd=768, block_size=512, batch_size=8),
@@ -299,9 +314,9 @@ def table(title, rows, cols):
 # plain attention baselines: the same model with its attention replaced
 
 
-def plain_attend_block(self, q, k, v, pe, future, dropout_p, scores, sdpa=False):
+def plain_attend_block(self, q, k, v, pe, future, dropout_p, scores, qi=None, sdpa=False):
     """nanoGPT's attention with the encoding's bias added: what a PE without DAPE must not be slower
-    than. (Additive encodings only; no DAPE; causal.)"""
+    than. (Additive encodings only; no DAPE; softmax; causal. qi: the queries' indices, unused.)"""
     bias = as_map(scores(logits=False)[1])
     if sdpa:
         mask = torch.zeros(future.shape, device=q.device) if bias is None else bias
@@ -335,17 +350,20 @@ def module_call(mod, A, bias, future, mode, fast=False):
 # sections
 
 
-def new_model(sz, cfg, pos_name, dape_name, device="cpu", **kw):
-    """dape_name: none, v1, v2, or v1:torch / v1:triton (and v2's) to force dape_impl."""
+def new_model(sz, cfg, pos_name, dape_name, device="cpu", attn_name="softmax", **kw):
+    """dape_name: none, v1, v2, or v1:torch / v1:triton (and v2's) to force dape_impl; attn_name: one of
+    ATTN_VARIANTS."""
     dape_name, _, impl = dape_name.partition(":")
     gcfg = GPTConfig(block_size=sz["block_size"], vocab_size=cfg["vocab_size"], n_layer=sz["n_layer"],
                      n_head=sz["n_head"], n_embd=sz["n_embd"], dropout=0.0, pos=pos_name, dape=dape_name,
-                     dape_width=cfg["dape_width"], dape_kernel=cfg["dape_kernel"], dape_impl=impl or "auto", **kw)
+                     dape_width=cfg["dape_width"], dape_kernel=cfg["dape_kernel"], dape_impl=impl or "auto",
+                     **ATTN_VARIANTS[attn_name], **kw)
     return GPT(gcfg).to(device)
 
 
-def train_steps(sz, cfg, pos_list, dape_list, device, autocast_dtype=None, compile_model=False, plain=True):
-    """name -> (step callable) for every pos x dape (+ plain baselines)."""
+def train_steps(sz, cfg, pos_list, dape_list, device, autocast_dtype=None, compile_model=False, plain=True,
+                attn_list=("softmax",)):
+    """(pos, dape, attn) -> (step callable) for every pos x dape x attention variant (+ plain baselines)."""
     torch.manual_seed(cfg["seed"])
     B, T = sz["batch_size"], sz["block_size"]
     x = torch.randint(0, cfg["vocab_size"], (B, T), device=device)
@@ -364,12 +382,13 @@ def train_steps(sz, cfg, pos_list, dape_list, device, autocast_dtype=None, compi
             opt.step()
         return step
     for p in pos_list:
-        for d in dape_list:
-            steps[(p, d)] = make_step(new_model(sz, cfg, p, d, device))
+        for a in attn_list:
+            for d in dape_list:
+                steps[(p, d, a)] = make_step(new_model(sz, cfg, p, d, device, a))
         PE = ENCODINGS[p]
         if plain and not (PE.contextual or PE.needs_content or PE.reads_input):  # baselines: positional bias or none
-            steps[(p, "plain-manual")] = make_step(make_plain(new_model(sz, cfg, p, "none", device), sdpa=False))
-            steps[(p, "plain-sdpa")] = make_step(make_plain(new_model(sz, cfg, p, "none", device), sdpa=True))
+            for name, sdpa in (("plain-manual", False), ("plain-sdpa", True)):
+                steps[(p, name, "softmax")] = make_step(make_plain(new_model(sz, cfg, p, "none", device), sdpa))
     return steps
 
 
@@ -377,20 +396,27 @@ def train_section(cfg, sz, device="cpu", autocast_dtype=None, compile_model=Fals
                   label="train"):
     pos_list = pos_list or cfg["pos"].split(",")
     dape_list = cfg["dape"].split(",")
-    steps = train_steps(sz, cfg, pos_list, dape_list, device, autocast_dtype, compile_model, plain)
+    attn_list = cfg["attn"].split(",")
+    unknown = [a for a in attn_list if a not in ATTN_VARIANTS]
+    if unknown:
+        raise SystemExit(f"--attn: unknown {', '.join(unknown)}; choose from {', '.join(ATTN_VARIANTS)}")
+    steps = train_steps(sz, cfg, pos_list, dape_list, device, autocast_dtype, compile_model, plain, attn_list)
     times = interleaved(steps, cfg["repeats"], cfg["warmup"], device)
     rows = []
-    for (p, d), ts in times.items():
-        base = times.get((p, "none"))  # ratio: to the same encoding without DAPE, in the same rounds
-        ref = times.get((cfg["ref_pos"], d))  # and to the reference encoding with the same DAPE
-        row = dict(pos=p, dape=d, ms=1e3 * statistics.median(ts), ms_min=1e3 * min(ts),
+    for (p, d, a), ts in times.items():
+        base = times.get((p, "none", a))  # ratio: to the same encoding without DAPE, in the same rounds
+        ref = times.get((cfg["ref_pos"], d, a))  # and to the reference encoding with the same DAPE
+        soft = times.get((p, d, "softmax"))  # and to the same model with softmax attention
+        row = dict(pos=p, dape=d, attn=a, ms=1e3 * statistics.median(ts), ms_min=1e3 * min(ts),
                    ratio=paired_ratio(ts, base) if base else None,
                    vs_ref=paired_ratio(ts, ref) if ref and p != cfg["ref_pos"] else None,
+                   vs_softmax=paired_ratio(ts, soft) if soft and a != "softmax" else None,
                    ms_all=[round(1e3 * t, 2) for t in ts])
         rows.append(row)
+    variants = ["attn", "vs_softmax"] if attn_list != ["softmax"] else []
     table(f"{label}: step time, {sz} " + (f"autocast {autocast_dtype} " if autocast_dtype else "")
           + ("compiled" if compile_model else "") + f" (vs_ref: against {cfg['ref_pos']})", rows,
-          ["pos", "dape", "ms", "ms_min", "ratio", "vs_ref"])
+          ["pos", "dape"] + variants[:1] + ["ms", "ms_min", "ratio", "vs_ref"] + variants[1:])
     return dict(size=sz, device=device, rows=rows, tokens_per_step=sz["batch_size"] * sz["block_size"])
 
 
@@ -544,15 +570,18 @@ def print_eval(res):
 
 
 def models_of(cfg):
-    """--gpu_models as (name, pos, dape): 'kerple' (no DAPE), 'kerple+v1' (dape_impl auto: the fused kernel on
-    CUDA), 'kerple+v1:torch' (whole maps); the first is the reference of every ratio."""
+    """--gpu_models as (name, pos, dape, attn): 'kerple' (no DAPE), 'kerple+v1' (dape_impl auto: the fused kernel
+    on CUDA), 'kerple+v1:torch' (whole maps), 'kerple/stickbreaking' (an attention variant of ATTN_VARIANTS);
+    the first is the reference of every ratio."""
     out = []
     for name in cfg["gpu_models"].split(","):
-        pos_name, _, dape_name = name.partition("+")
-        if pos_name not in ENCODINGS or dape_name.partition(":")[0] not in ("", "v1", "v2"):
-            raise SystemExit(f"--gpu_models: {name!r} is not <encoding>[+v1|+v2[:torch|:triton]] "
-                             f"(encodings: {', '.join(ENCODINGS)})")
-        out.append((name, pos_name, dape_name or "none"))
+        model, _, attn_name = name.partition("/")
+        pos_name, _, dape_name = model.partition("+")
+        if pos_name not in ENCODINGS or dape_name.partition(":")[0] not in ("", "v1", "v2") or \
+                (attn_name or "softmax") not in ATTN_VARIANTS:
+            raise SystemExit(f"--gpu_models: {name!r} is not <encoding>[+v1|+v2[:torch|:triton]][/attention] "
+                             f"(encodings: {', '.join(ENCODINGS)}; attention: {', '.join(ATTN_VARIANTS)})")
+        out.append((name, pos_name, dape_name or "none", attn_name or "softmax"))
     return out
 
 
@@ -583,22 +612,23 @@ def gpu_section(cfg):
         shape = dict(sz, block_size=T, batch_size=batch)
         for compile_model in compiles:
             where = dict(T=T, batch=batch, compiled=compile_model)
-            step = lambda pos_name, dape_name: train_steps(shape, cfg, [pos_name], [dape_name], device, torch.bfloat16,
-                                                           compile_model, plain=False)[(pos_name, dape_name)]
+            step = lambda pos_name, dape_name, attn_name: train_steps(
+                shape, cfg, [pos_name], [dape_name], device, torch.bfloat16, compile_model, plain=False,
+                attn_list=[attn_name])[(pos_name, dape_name, attn_name)]
             try:
-                ref_step = step(ref[1], ref[2])
+                ref_step = step(*ref[1:])
             except torch.OutOfMemoryError:
                 rows += [dict(where, model=m[0], skipped="out of memory") for m in models]
                 torch.cuda.empty_cache()
                 continue
-            for name, pos_name, dape_name in models:
-                row = dict(where, model=name, pos=pos_name, dape=dape_name)
+            for name, pos_name, dape_name, attn_name in models:
+                row = dict(where, model=name, pos=pos_name, dape=dape_name, attn=attn_name)
                 rows.append(row)
                 if late():
                     row["skipped"] = "past --gpu_deadline"
                     continue
                 try:
-                    fn = ref_step if name == ref[0] else step(pos_name, dape_name)
+                    fn = ref_step if name == ref[0] else step(pos_name, dape_name, attn_name)
                     ts = interleaved({"model": fn} if fn is ref_step else {"model": fn, "ref": ref_step},
                                      cfg["repeats"], cfg["warmup"], device)
                     ts.setdefault("ref", ts["model"])
@@ -614,15 +644,16 @@ def gpu_section(cfg):
                 if device == "cuda":
                     torch.cuda.empty_cache()
             del ref_step
-    for row in rows:  # to the same encoding without DAPE, in the same place
+    for row in rows:  # to the same encoding (and attention) without DAPE, in the same place
         base = next((r for r in rows if r.get("dape") == "none" and r.get("pos") == row.get("pos") and "ms" in r
+                     and r.get("attn") == row.get("attn")
                      and (r["T"], r["batch"], r["compiled"]) == (row["T"], row["batch"], row["compiled"])), None)
         if base is not None and "ms" in row:
             row["vs_base"] = row["ms"] / base["ms"]
     evals = []
     for T in lengths:
-        for name, pos_name, dape_name in models:
-            row = dict(model=name, pos=pos_name, dape=dape_name, T=T)
+        for name, pos_name, dape_name, attn_name in models:
+            row = dict(model=name, pos=pos_name, dape=dape_name, attn=attn_name, T=T)
             evals.append(row)
             if late():
                 row["skipped"] = "past --gpu_deadline"
@@ -630,7 +661,7 @@ def gpu_section(cfg):
             torch.manual_seed(cfg["seed"])
             x = torch.randint(0, cfg["vocab_size"], (1, T + 1), device=device)
             try:
-                model = new_model(sz, cfg, pos_name, dape_name, device).eval()
+                model = new_model(sz, cfg, pos_name, dape_name, device, attn_name).eval()
 
                 def run(model=model, x=x):
                     with torch.no_grad(), torch.autocast(device, torch.bfloat16):
@@ -681,11 +712,12 @@ def gpu_verdicts(res, cfg):
     if failed:
         why = f"the fused kernel failed its check against dape.py here ({failed[0]})"
         return [dict(target=t, verdict="not measured", why=why) for t, _, _ in targets]
-    eager = [r for r in res["rows"] if not r.get("compiled")]
+    eager = [r for r in res["rows"] if not r.get("compiled") and r.get("attn", "softmax") == "softmax"]
     step = {(r["dape"], r["T"], r["batch"]): r for r in eager if r.get("pos") == pos and "ms" in r}
     out_of_memory = {(r["T"], r["batch"]) for r in eager if r.get("pos") == pos and r.get("dape") == "v1"
                      and r.get("skipped") == "out of memory"}
-    evals = {e["dape"]: e["ms"] for e in res["eval"] if e.get("pos") == pos and e["T"] == longest and "ms" in e}
+    evals = {e["dape"]: e["ms"] for e in res["eval"] if e.get("pos") == pos and e["T"] == longest and "ms" in e
+             and e.get("attn", "softmax") == "softmax"}
     gpu_mb = torch.cuda.get_device_properties(0).total_memory / 2 ** 20
     out = []
     for target, what, limit in targets:
@@ -933,14 +965,19 @@ def bench_tables(res):
     if "train" in res:
         r0, ref = res["train"], m["config"]["ref_pos"]
         sz = r0["size"]
+        variants = any(r.get("attn", "softmax") != "softmax" for r in r0["rows"])  # then a column each
         out += [f"Training step, {sz['n_layer']} layers x {sz['n_head']} heads x {sz['n_embd']}, length "
                 f"{sz['block_size']}, batch {sz['batch_size']}, float32 on the {r0['device']} (milliseconds: median "
                 f"and fastest of the rounds; x none: the median of the per-round ratios to the same encoding "
                 f"without DAPE (plain-manual and plain-sdpa: that model with nanoGPT's attention, written out or "
-                f"scaled_dot_product_attention, against it); x {ref}: to {ref} with the same DAPE):",
-                markdown(["pos", "dape", "ms (min)", "x none", f"x {ref}"],
-                         [[r["pos"], r["dape"], f"{r['ms']:.1f} ({r['ms_min']:.1f})", cell(r, "ratio", ".2f"),
-                           cell(r, "vs_ref", ".2f")] for r in r0["rows"]])]
+                f"scaled_dot_product_attention, against it); x {ref}: to {ref} with the same DAPE"
+                + ("; attn: the attention variant, x softmax: to the same model with softmax attention" if variants
+                   else "") + "):",
+                markdown(["pos", "dape"] + ["attn"] * variants + ["ms (min)", "x none", f"x {ref}"]
+                         + ["x softmax"] * variants,
+                         [[r["pos"], r["dape"]] + [r.get("attn", "softmax")] * variants
+                          + [f"{r['ms']:.1f} ({r['ms_min']:.1f})", cell(r, "ratio", ".2f"), cell(r, "vs_ref", ".2f")]
+                          + [cell(r, "vs_softmax", ".2f")] * variants for r in r0["rows"]])]
     if "module" in res:
         r0 = res["module"]
         out += [f"DAPE alone, forward + backward, {r0['n_head']} heads, D = {r0['width']}, V2 k = {r0['kernel']}: "

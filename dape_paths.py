@@ -1,5 +1,7 @@
 """
 Which code computes DAPE attention, y = softmax(mask(A + B + f(A, B))) . v, and why it computes dape.py's.
+(With stick-breaking or log-length scaling, model.py's own normalisation takes the masked logits
+A + B + f(A, B) from the plain or the torch path: the fused kernel computes softmax only.)
 
     plain   dape.py's module exactly as written (the definition), in blocks of queries
     torch   dape_torch.py: the same function from the module's weights(), without the plain form's
@@ -60,13 +62,18 @@ _warned = set()
 dape_triton = None  # imported on first use: Triton is a CUDA-only dependency
 
 
-def attention(module, q, k, v, scores, causal, q_offset, step, impl="auto", dropout_p=0.0, pe=None):
+def attention(module, q, k, v, scores, causal, q_offset, step, impl="auto", dropout_p=0.0, pe=None,
+              normalise=None):
     """y [B, H, Tq, hs] of the queries q (rows q_offset.. of the sequence) against the keys k, v [B, H, Tk,
     hs], with DAPE's module (dape.py). scores(s, e, logits=True) gives query rows [s, e)'s logits A
     [B, H, R, Tk] float32 (None when not asked for) and the encoding's bias (None, a map, or Terms). step:
-    queries per block on the blocked paths. pe: the encoding (positional.py)."""
+    queries per block on the blocked paths. pe: the encoding (positional.py). normalise: None for softmax,
+    or the caller's own normalisation as (what, fn): fn(logits, qi, future) gives the output of the queries
+    at sequence indices qi from their masked logits (-inf where future) and applies the attention dropout
+    itself; `what` names it where the fused kernel, which computes softmax only, is refused."""
     Tq = q.shape[2]
-    path = _first_path(impl, q, module, dropout_p, pe)
+    what = None if normalise is None else normalise[0]
+    path = _first_path(impl, q, module, dropout_p, pe, what)
     differs = code_differs(module) if path != "plain" else None
     path = path if differs is None else _step_down(differs, impl, path, "plain")
     if path == "triton":
@@ -92,26 +99,33 @@ def attention(module, q, k, v, scores, causal, q_offset, step, impl="auto", drop
         A, bias = scores(s, e)
         qi = torch.arange(q_offset + s, q_offset + e, device=q.device)
         future = torch.arange(k.shape[2], device=q.device)[None, :] > qi[:, None] if causal else None
+        if normalise is not None:
+            ys.append(normalise[1](module(A, as_map(bias), future, mask_future=True, residual_f=residual_f), qi,
+                                   future))
+            continue
         probs = module.probs(A, as_map(bias), future, residual_f)
         ys.append((torch.nn.functional.dropout(probs, dropout_p) if dropout_p else probs).to(v.dtype) @ v)
     return ys[0] if len(ys) == 1 else torch.cat(ys, dim=2)
 
 
-def cannot(impl, device, dtype, n_head, head_size, width, kernel_size, encoding, dropout_p=0.0, compiling=False):
+def cannot(impl, device, dtype, n_head, head_size, width, kernel_size, encoding, dropout_p=0.0, compiling=False,
+           normalisation=None):
     """Why dape_impl=impl cannot run attention of these heads and f in dtype on device, with the encoding
-    (a class of positional.py), or None: what train.py checks before it starts."""
+    (a class of positional.py) and normalisation (model.normalisation's words; None: softmax), or None: what
+    train.py checks before it starts."""
     if impl != "triton":
         return None
     q = torch.empty(1, n_head, 1, head_size, dtype=dtype, device=device)
-    return _kernel_unsupported(q, width, kernel_size, dropout_p, encoding, compiling)
+    return _kernel_unsupported(q, width, kernel_size, dropout_p, encoding, compiling, normalisation)
 
 
-def _first_path(impl, q, module, dropout_p, pe):
+def _first_path(impl, q, module, dropout_p, pe, normalisation=None):
     """The path impl names, or for auto the kernel where it can run this call (saying once why not where a
     GPU could have run it) and the torch path elsewhere."""
     if impl in ("plain", "torch") or (impl == "auto" and q.device.type not in KERNEL_DEVICES):
         return "plain" if impl == "plain" else "torch"
-    why = _kernel_unsupported(q, module.width, module.kernel, dropout_p, pe, torch.compiler.is_compiling())
+    why = _kernel_unsupported(q, module.width, module.kernel, dropout_p, pe, torch.compiler.is_compiling(),
+                              normalisation)
     if why is None:
         return "triton"
     if impl == "triton":
@@ -128,10 +142,12 @@ def _step_down(why, impl, path, below):
     return below
 
 
-def _kernel_unsupported(q, width, kernel_size, dropout_p, pe, compiling):
+def _kernel_unsupported(q, width, kernel_size, dropout_p, pe, compiling, normalisation=None):
     global dape_triton
     if pe is not None and (pe.contextual or pe.needs_content):  # the kernel forms A = q.k and B alone
         return f"{pe.__name__ if isinstance(pe, type) else type(pe).__name__}, whose logits depend on the content"
+    if normalisation is not None:
+        return f"{normalisation} (the kernel computes softmax(logits) only)"
     if dropout_p or compiling:
         return "attention dropout in training" if dropout_p else "torch.compile (the kernel runs in eager mode)"
     if dape_triton is None:

@@ -43,7 +43,7 @@ test_seconds = 240  # the GPU tests' limit
 bench_seconds = 180  # bench.py's deadline: models not started by then are reported, not timed
 tables_from = ""  # a JSON this command wrote: print its tables, run nothing
 # the benchmark's settings on a GPU, and with --dry (T x batch of the training steps, evaluation lengths)
-models = "kerple,kerple+v1,kerple+v1:torch,kerple+v2,kerple+v2:torch,fox,fox+v1,path"
+models = "kerple,kerple+v1,kerple+v1:torch,kerple+v2,kerple+v2:torch,fox,fox+v1,path,kerple/stickbreaking"
 shapes, dry_shapes = "512x32,1024x32", "64x4"
 eval_lengths, dry_eval_lengths = "2048,8192", "128,256"
 

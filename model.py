@@ -9,13 +9,16 @@ Attention, for one layer, with A = q.k/sqrt(hs) and `bias` the encoding's positi
 
     logits = A + bias                    (an additive encoding, no DAPE)
     logits = A + bias + f(A, bias)       (DAPE; f and its variants in dape.py)
-    softmax(mask(logits)) . v
+    logits = s log(n_i) logits           (logn_scale: query i sees n_i keys; SSMax, Nakanishi 2025)
+    y = softmax(mask(logits)) . v        (attn=softmax)
+    y = stick_breaking(logits) . v       (attn=stickbreaking, Tan et al. 2025: stick_breaking below)
 
 It is computed in blocks of queries when the [batch, channel, query, key] maps would be large, which
 gives exactly the same result (every step is local to one query row) with memory bounded by the block:
 this is what lets a small model be evaluated at 8192 tokens on a CPU. Where no DAPE and no
-content-dependent term is involved, each block goes through F.scaled_dot_product_attention with the
-bias as a float mask, which computes the same function faster. With DAPE, dape_paths.py picks the code:
+content-dependent term is involved, softmax attention goes through F.scaled_dot_product_attention
+with the bias as a float mask (log-length scaling folded into q and the bias), which computes the same
+function faster. With DAPE, dape_paths.py picks the code:
 dape.py's plain form, or a faster one that has matched it on that kind of call.
 """
 
@@ -44,6 +47,9 @@ ATTN_BLOCK_BUDGET = 2 ** 26
 # are each a pass over such maps, and passes within the last-level cache are several times faster than
 # through memory (figures in docs/benchmark.md).
 ATTN_BLOCK_CACHE_CPU = 2 ** 21
+
+ATTNS = ("softmax", "stickbreaking")
+LOGN_SCALES = ("none", "fixed", "learned")
 
 
 @dataclass
@@ -74,6 +80,9 @@ class GPTConfig:
     # queries per attention block where [Tq, Tk] maps are formed (DAPE's fused kernel forms none and takes all
     # at once); 0: chosen from ATTN_BLOCK_BUDGET (and the CPU's cache)
     attn_chunk: int = 0
+    attn: str = "softmax"  # how logits become weights: softmax, or stickbreaking (Tan et al. 2025; causal only)
+    sb_current: bool = False  # stickbreaking: the query's own key breaks the stick too (else it takes what is left)
+    logn_scale: str = "none"  # logits times s log(n), n the keys a query sees (SSMax): none, fixed or learned s
 
     def __post_init__(self):
         def fail(msg):
@@ -123,6 +132,15 @@ class GPTConfig:
             fail(f"fire_L0 has no effect with pos={self.pos!r}; it is FIRE's threshold")
         if self.attn_chunk < 0:
             fail(f"attn_chunk must be >= 0 (0: automatic), got {self.attn_chunk}")
+        if self.attn not in ATTNS:
+            fail(f"unknown attn={self.attn!r}; choose one of {', '.join(ATTNS)}")
+        if self.attn == "stickbreaking" and not self.causal:
+            fail("attn=stickbreaking is defined for causal attention only (the stick breaks from the query back "
+                 "to the first key); use causal=True or attn=softmax")
+        if self.sb_current and self.attn != "stickbreaking":
+            fail(f"sb_current has no effect with attn={self.attn!r}; it is stick-breaking's (attn=stickbreaking)")
+        if self.logn_scale not in LOGN_SCALES:
+            fail(f"unknown logn_scale={self.logn_scale!r}; choose one of {', '.join(LOGN_SCALES)}")
 
 
 class LayerNorm(nn.Module):
@@ -135,6 +153,37 @@ class LayerNorm(nn.Module):
 
     def forward(self, x):
         return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+
+
+def stick_breaking(logits, future, current=False):
+    """Stick-breaking attention's weights (Tan et al., ICLR 2025) from the logits z [B, H, R, Tk] of R queries
+    (anything, -inf included, where `future` [R, Tk] is True: keys after the query; the keys are the
+    sequence's 0..Tk-1). Query i breaks a stick of length 1 from its nearest visible key back to the first:
+    key j takes the share beta_ij = sigmoid(z_ij) of what is left of the stick when it gets there,
+
+        weight_ij = beta_ij * prod over visible l > j of (1 - beta_il),
+
+    the visible keys being j < i, or j <= i with `current` (flash-linear-attention's attend_current).
+    Returns (weight [B, H, R, Tk], rem [B, H, R]): rem_i = prod over visible l of (1 - beta_il) is the stick
+    left over, 1 - sum_j weight_ij. In log space, float32 (float64 for float64 logits), as
+    flash-linear-attention's naive_stickbreaking_attn: log(1 - sigmoid(z)) = logsigmoid(-z), and the product
+    over the keys after j a reverse cumulative sum."""
+    # without the current key: j >= i exactly where key j + 1 is in the future (and the last key, as i < Tk)
+    hidden = future if current else F.pad(future[:, 1:], (0, 1), value=True)
+    z = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    log_keep = F.logsigmoid(-z).masked_fill(hidden, 0.0)  # log(1 - beta); a hidden key leaves the stick whole
+    # log of the stick that reaches key j: the keys after it, as a sum from the last key back, less j's own term
+    reaches = log_keep.flip(-1).cumsum(-1).flip(-1) - log_keep
+    weights = (F.logsigmoid(z) + reaches).exp().masked_fill(hidden, 0.0)
+    return weights, log_keep.sum(-1).exp()
+
+
+def normalisation(config):
+    """What takes the place of softmax(logits) in config's attention, in words; None: softmax alone (DAPE's
+    fused kernel computes nothing else, dape_paths.py)."""
+    parts = (["stick-breaking attention"] if config.attn == "stickbreaking" else []) + \
+        (["log-length scaling of the logits"] if config.logn_scale != "none" else [])
+    return " with ".join(parts) or None
 
 
 class SelfAttention(nn.Module):
@@ -158,6 +207,16 @@ class SelfAttention(nn.Module):
                                config.dape_init)
         else:
             self.dape = None
+        self.stickbreaking, self.sb_current = config.attn == "stickbreaking", config.sb_current
+        self.normalisation = normalisation(config)
+        # log-length scaling's s per head (SSMax's s), learned or fixed; s_h log(n) = 1 at the last query of the
+        # training length, so that the logits there are as without scaling
+        n = self.keys_seen(torch.tensor([config.block_size - 1]), config.block_size).clamp(min=2)
+        s = torch.full((config.n_head,), 1.0 / math.log(n.item()))
+        if config.logn_scale == "learned":
+            self.logn_s = nn.Parameter(s)
+        else:
+            self.register_buffer("logn_s", s if config.logn_scale == "fixed" else None, persistent=False)
 
     def forward(self, x, pe, pos_q, pos_k, cache=None, layer=0):
         q, k, v = self.qkv(x, pe, pos_q)
@@ -186,7 +245,8 @@ class SelfAttention(nn.Module):
         if torch.is_grad_enabled():
             return Tq  # autograd keeps every block's tensors anyway
         width = self.dape.width if self.dape is not None else 0
-        per_query = B * Tk * (4 * self.n_head + 2 * width)  # A, bias, logits, probs, f's hidden map
+        maps = 4 + (4 if self.stickbreaking else 0)  # A, bias, logits, probs (+ the stick's log maps)
+        per_query = B * Tk * (maps * self.n_head + 2 * width)  # and f's hidden map
         step = ATTN_BLOCK_BUDGET // per_query
         if device.type == "cpu":
             step = min(step, ATTN_BLOCK_CACHE_CPU // (B * self.n_head * Tk))
@@ -205,15 +265,17 @@ class SelfAttention(nn.Module):
             return self.scores(q[:, :, s:e], k, pe, pos_q[s:e], pos_k, qi, ki, state, logits)
 
         if self.dape is not None:  # dape_paths.py picks the code that computes it
+            normalise = None if self.normalisation is None else (
+                self.normalisation, lambda logits, qi, future: self.normalise(logits, v, qi, future, dropout_p))
             return dape_paths.attention(self.dape, q, k, v, scores, self.causal, t0, step, self.dape_impl,
-                                        dropout_p, pe)
+                                        dropout_p, pe, normalise)
         ys = []
         for s in range(0, Tq, step):
             e = min(s + step, Tq)
             qi = torch.arange(t0 + s, t0 + e, device=q.device)
             future = ki[None, :] > qi[:, None] if self.causal else None  # [Tq, Tk], True = masked
             ys.append(self.attend_block(q[:, :, s:e], k, v, pe, future, dropout_p,
-                                         lambda logits=True: scores(s, e, logits)))
+                                         lambda logits=True: scores(s, e, logits), qi))
         return ys[0] if len(ys) == 1 else torch.cat(ys, dim=2)
 
     def scores(self, q, k, pe, pos_q, pos_k, qi, ki, state=None, logits=True):
@@ -228,11 +290,15 @@ class SelfAttention(nn.Module):
         # q is scaled rather than A: scaling the [B, H, Tq, Tk] map costs a pass over it, and another in backward
         return ((q * (1.0 / math.sqrt(self.head_size))) @ k.transpose(-2, -1)).float(), bias
 
-    def attend_block(self, q, k, v, pe, future, dropout_p, scores):
-        """softmax(mask(A + bias)) . v without DAPE, for one block of queries; scores(logits) gives their
+    def attend_block(self, q, k, v, pe, future, dropout_p, scores, qi):
+        """Attention without DAPE of one block of queries, at sequence indices qi; scores(logits) gives their
         logits A (when asked for) and the bias."""
-        if not pe.needs_content:
-            # the same function through PyTorch's fused attention: the bias (if any) goes in as a float mask
+        if not pe.needs_content and not self.stickbreaking:
+            # the same function through PyTorch's fused attention: the bias (if any) goes in as a float mask,
+            # and log-length scaling into q and the bias, c_i (q.k/sqrt(hs) + B) = (c_i q).k/sqrt(hs) + c_i B
+            c = self.logn_factor(qi, k.shape[2]) if self.logn_s is not None else None
+            if c is not None:
+                q = (q * c).to(q.dtype)
             if not pe.has_bias:
                 if future is None:
                     return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
@@ -240,6 +306,8 @@ class SelfAttention(nn.Module):
                     return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
                 return F.scaled_dot_product_attention(q, k, v, attn_mask=~future, dropout_p=dropout_p)
             bias = as_map(scores(logits=False)[1])
+            if c is not None:
+                bias = bias * c
             if future is not None:
                 bias = bias.masked_fill(future, float("-inf"))
             # as [1, H, Tq, Tk] (or [B, H, Tq, Tk]): PyTorch's CPU kernel is much slower with a 3-D [H, Tq, Tk]
@@ -249,11 +317,49 @@ class SelfAttention(nn.Module):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=bias if bias.dim() == 4 else bias[None],
                                                   dropout_p=dropout_p)
         A, bias = scores()
-        logits = A if bias is None else A + as_map(bias)
+        return self.normalise(A if bias is None else A + as_map(bias), v, qi, future, dropout_p)
+
+    def normalise(self, logits, v, qi, future, dropout_p=0.0):
+        """The output [B, H, R, hs] of the queries at sequence indices qi from their final logits [B, H, R, Tk]
+        (after bias and DAPE; -inf or anything where future [R, Tk] is True), against the values v [B, H, Tk,
+        hs]: the weights below, and with stick-breaking what is left of the stick."""
+        weights, rem = self.weights(logits, qi, future)
+        y = F.dropout(weights, dropout_p).to(v.dtype) @ v
+        if rem is None:
+            return y
+        # the stick left over goes to the query's own value (Tan et al.'s model), v at its index in the sequence
+        return y + (F.dropout(rem, dropout_p)[..., None] * v[:, :, qi]).to(y.dtype)
+
+    def weights(self, logits, qi, future):
+        """The attention weights [B, H, R, Tk] of the queries at sequence indices qi from their final logits
+        (as normalise takes them): scaled by s log(n) with logn_scale, then softmax or stick-breaking; and the
+        stick left over [B, H, R] where it goes to the query's own value (stick-breaking without sb_current),
+        else None."""
+        if self.logn_s is not None:
+            if future is not None:  # -inf times a learned scale would put NaN in the scale's gradient
+                logits = logits.masked_fill(future, 0.0)
+            logits = logits * self.logn_factor(qi, logits.shape[-1])
+        if self.stickbreaking:
+            weights, rem = stick_breaking(logits, future, self.sb_current)
+            return weights, None if self.sb_current else rem  # with sb_current the rest goes nowhere
         if future is not None:
             logits = logits.masked_fill(future, float("-inf"))
-        att = F.dropout(F.softmax(logits, dim=-1), dropout_p)
-        return att.to(v.dtype) @ v
+        return F.softmax(logits, dim=-1), None
+
+    def keys_seen(self, qi, Tk):
+        """n_i, the keys that the queries at sequence indices qi see among Tk: all of them bidirectionally;
+        causally keys 0..i, or 0..i-1 where stick-breaking gives the query's own key no share."""
+        if not self.causal:
+            return torch.full_like(qi, Tk)
+        return qi + (0 if self.stickbreaking and not self.sb_current else 1)
+
+    def logn_factor(self, qi, Tk):
+        """c_i = s_h log(n_i), [H, R, 1] float32, for the queries at sequence indices qi (their index in the
+        whole sequence, so that a KV cache and query blocks give each query its own n). n is taken as at
+        least 2: with one key softmax gives it 1 whatever the scale, and stick-breaking with a zero logit
+        would give it half the stick whatever its logit."""
+        n = self.keys_seen(qi, Tk).clamp(min=2).float()
+        return self.logn_s.float()[:, None, None] * n.log()[:, None]
 
 
 class MLP(nn.Module):
@@ -406,7 +512,7 @@ class GPT(nn.Module):
         norms and the encodings' own parameter tensors are not decayed, whatever their shape: Kerple's r1, r2
         (and a, p) are [H, 1, 1] and XL's biases u, v are [H, hs], so nanoGPT's rule (decay every parameter of 2
         or more dimensions) would pull the slopes towards their clamp, and u, v towards 0. CoPE's position
-        table is not decayed either (zero at init, like a bias)."""
+        table is not decayed either (zero at init, like a bias), nor log-length scaling's learned s."""
         matrices = {id(m.weight) for m in self.modules() if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Embedding))}
         params = [p for p in self.parameters() if p.requires_grad]
         decay = [p for p in params if id(p) in matrices]

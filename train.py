@@ -35,7 +35,7 @@ import dape_paths
 import passkey
 from common import autocast, check_dataset, machine_text, pick_dtype, provenance, read_checkpoint_file
 from configurator import ConfigError, check_device, config_defaults, configure, update_config
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, normalisation
 from positional import ENCODINGS
 from tokenizer import get_tokenizer, load_meta
 
@@ -130,13 +130,13 @@ def check_config(cfg):
 
 def check_dape_impl(config, device, dtype, compiling):
     """dape_impl='triton' where the fused kernel cannot run (no CUDA, no Triton, a shape or dtype it does
-    not take, an encoding it does not cover): a ConfigError before training starts."""
+    not take, an encoding or a normalisation it does not cover): a ConfigError before training starts."""
     if config.dape == "none":
         return
     why = dape_paths.cannot(config.dape_impl, torch.device(device), dtype, config.n_head,
                             config.n_embd // config.n_head, config.dape_width,
                             config.dape_kernel if config.dape == "v2" else 1, ENCODINGS[config.pos],
-                            config.dropout, compiling)
+                            config.dropout, compiling, normalisation(config))
     if why is not None:
         raise ConfigError(f"dape_impl=triton cannot run here: {why}; use --dape_impl=auto (the fused kernel "
                           f"where it runs and agrees with dape.py, else PyTorch), torch or plain")

@@ -70,6 +70,38 @@ def test_bench_quick_writes_every_section(tmp_path):
         assert text.count(title) == 1, title
 
 
+def test_attention_variants_against_softmax(tmp_path):
+    """--attn adds stick-breaking and log-length scaling to every pos x dape of the train section, each with its
+    ratio to the same model with softmax (and the ratio to no DAPE within its own variant); /attn in
+    --gpu_models does the same in the gpu section (its default list has stick-breaking); an unknown variant
+    is an error that lists them."""
+    assert "kerple/stickbreaking" in bench.gpu_models.split(",")
+    out = tmp_path / "bench.json"
+    bench.main(["--quick", "--sections=train,gpu", "--pos=kerple", "--dape=none,v1", "--repeats=1", "--warmup=0",
+                "--attn=softmax,stickbreaking,logn", "--eval_repeats=1",
+                "--gpu_models=kerple,kerple/stickbreaking,kerple+v1/stickbreaking", f"--out={out}"])
+    res = json.loads(out.read_text())
+    train = {(r["pos"], r["dape"], r["attn"]): r for r in res["train"]["rows"]}
+    assert set(train) == {("kerple", d, a) for d in ("none", "v1") for a in ("softmax", "stickbreaking", "logn")} | {
+        ("kerple", d, "softmax") for d in ("plain-manual", "plain-sdpa")}
+    for (_, d, a), r in train.items():  # one round: each ratio is the quotient of the two steps' times
+        if a != "softmax":
+            assert r["vs_softmax"] == pytest.approx(r["ms"] / train[("kerple", d, "softmax")]["ms"])
+            assert r["ratio"] == pytest.approx(r["ms"] / train[("kerple", "none", a)]["ms"])
+        else:
+            assert r["vs_softmax"] is None
+    r = train[("kerple", "v1", "stickbreaking")]
+    text = bench.main([f"--tables_from={out}"])
+    assert (f"| kerple | v1 | stickbreaking | {r['ms']:.1f} ({r['ms_min']:.1f}) | {r['ratio']:.2f} | - | "
+            f"{r['vs_softmax']:.2f} |") in text
+    steps = {r["model"]: r for r in res["gpu"]["rows"]}
+    assert steps["kerple/stickbreaking"]["attn"] == "stickbreaking" and steps["kerple/stickbreaking"]["vs_base"] == 1.0
+    assert steps["kerple+v1/stickbreaking"]["vs_base"] == (steps["kerple+v1/stickbreaking"]["ms"]
+                                                        / steps["kerple/stickbreaking"]["ms"])
+    with pytest.raises(SystemExit, match="--attn: unknown sigmoid; choose from softmax, stickbreaking"):
+        bench.main(["--quick", "--sections=train", "--attn=sigmoid", "--out="])
+
+
 def test_module_section_measures_memory_of_the_path_it_timed(monkeypatch):
     """Memory is measured after every timing: each module must still run the path it was timed on (the fast
     one for ours, dape.py's plain form for the copy), not whichever module was made last."""
