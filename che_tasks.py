@@ -13,9 +13,11 @@ Each score is the mean per-length accuracy, printed next to the random-guess bas
 pos, dape) is trained once per seed and learning rate; the Table 2-shaped tables report the paper's
 statistic, the max over them, with the mean beside it. The tables over seeds say how many seeds learned
 the task (ID accuracy at least learned_frac of the way from chance to 100%, which each task family's
-configs set) and give OOD figures over those seeds only: a seed that did not learn the task says nothing
-about extrapolation. DAPE-X against X is the difference of the means with its 95% confidence interval
-and Welch's p, over the seeds that learned the task and, labelled apart, over every seed. Single cells,
+configs set, LEARNED_RULES with the day each was set) and give OOD figures over those seeds only: a seed
+that did not learn the task says nothing about extrapolation. DAPE-X against X is the difference of the
+means with its 95% t interval cut to the possible range (accuracy is bounded), Welch's p and the
+exact permutation test's p with its Holm adjustment over the table's comparisons, over the seeds that
+learned the task and, labelled apart, over every seed. Single cells,
 a tasks x encodings grid shaped like Table 2, JSON (every run kept; save_runs: the figures the tables
 over seeds are made of, small enough to commit, merged into the file so that a rerun seed replaces its
 earlier figures; tables_from: those tables again from such a file) and
@@ -46,8 +48,8 @@ import torch.nn.functional as F
 import che_data
 import retrieval_data
 from che_data import TABLE2_TASKS, make_batch, max_sequence_length
-from common import (autocast as autocast_context, compare_means, difference_text, mean_std, mean_std_text, p_text,
-                    pick_device, pick_dtype, provenance)
+from common import (autocast as autocast_context, compare_means, difference_text, holm_over, interval_text, mean_std,
+                    mean_std_text, p_text, pick_device, pick_dtype, pos_options, provenance, tests_caption)
 from configurator import check_device, configure
 from model import GPT, GPTConfig
 from positional import ENCODINGS
@@ -86,8 +88,10 @@ def get_task(name):
 
 
 def encoding_label(pos, dape):
-    """'ALiBi', 'DAPE-ALiBi', 'DAPEv2-Kerple', 'DAPE-Kerple (zero init)' (dape 'v1:zero')."""
-    name = POS_NAMES.get(pos, pos)
+    """'ALiBi', 'DAPE-ALiBi', 'DAPEv2-Kerple', 'DAPE-Kerple (zero init)' (dape 'v1:zero'); the attention's options
+    as pos spells them ('NoPE+sb': stick-breaking, common.pos_options)."""
+    base, _, options = pos.partition('+')
+    name = POS_NAMES.get(base, base) + ('+' + options if options else '')
     version, _, init = dape.partition(':')
     if version == 'none':
         return name
@@ -112,20 +116,21 @@ def model_block_size(task, train_max_len):
 def build_model(task, cfg, config_only=False):
     # randomized positions change nothing for an encoding that ignores positions (nope), and
     # GPTConfig refuses the combination: switch them off there rather than fail a grid cell
-    uses_positions = cfg['pos'] not in ENCODINGS or ENCODINGS[cfg['pos']].uses_positions
+    pos, attn_options = pos_options(cfg['pos'])  # 'nope+sb': stick-breaking attention without an encoding
+    uses_positions = pos not in ENCODINGS or ENCODINGS[pos].uses_positions
     rand_pos = cfg['rand_pos'] and uses_positions  # (an unknown pos is left to GPTConfig to reject)
     # the head is a Linear of its own, as in the reference suite: tied to the embedding, output class c
     # would share its weights with input token c
     gcfg = GPTConfig(block_size=model_block_size(task, cfg['train_max_len']),
                      vocab_size=task.input_vocab if task.causal else max(task.input_vocab + 1, task.output_vocab),
                      n_layer=cfg['n_layer'], n_head=cfg['n_head'], n_embd=cfg['n_embd'],
-                     dropout=cfg['dropout'], bias=cfg['bias'], pos=cfg['pos'], dape=cfg['dape'].partition(':')[0],
+                     dropout=cfg['dropout'], bias=cfg['bias'], pos=pos, dape=cfg['dape'].partition(':')[0],
                      dape_init=cfg['dape'].partition(':')[2] or 'default', dape_variant=cfg['dape_variant'],
                      dape_width=cfg['dape_width'],
                      dape_kernel=cfg['dape_kernel'], causal=task.causal, bidir_bias=cfg['bidir_bias'],
                      tie_weights=False, rand_pos=rand_pos,
                      rand_pos_max=cfg['rand_pos_max'] if rand_pos else 0,
-                     rand_pos_eval=rand_pos and cfg['rand_pos_eval'])
+                     rand_pos_eval=rand_pos and cfg['rand_pos_eval'], **attn_options)
     return gcfg if config_only else GPT(gcfg)
 
 
@@ -195,7 +200,7 @@ def eval_batches(cfg):
 
 def position_draws(cfg):
     """How many independent position draws each length's accuracy rests on; 0: fixed positions 0..T-1."""
-    randomized = cfg['rand_pos'] and cfg['rand_pos_eval'] and ENCODINGS[cfg['pos']].uses_positions
+    randomized = cfg['rand_pos'] and cfg['rand_pos_eval'] and ENCODINGS[pos_options(cfg['pos'])[0]].uses_positions
     return len(eval_batches(cfg)) if randomized else 0
 
 
@@ -542,6 +547,26 @@ def summary_table(cells, tasks, columns):
     return '\n'.join(lines)
 
 
+# Each task family's rule for 'learned' (learned_frac in its configs) and the day it was set (git log -S): a
+# table states the rule it applied with that day, so that a rule moved after the runs were made shows
+LEARNED_RULES = {'CHE': (0.5, '2026-11-24'), 'retrieval': (0.9, '2026-11-25')}
+
+
+def task_family(task):
+    """'retrieval' for retrieval_data.py's tasks, 'CHE' for che_data.py's: whose rule for 'learned' applies."""
+    return 'retrieval' if task in retrieval_data.TASKS else 'CHE'
+
+
+def learned_rule_text(tasks, cfg):
+    """The rule for 'learned' a table applied, with the day each family's standing rule was set."""
+    out = []
+    for family in sorted({task_family(t) for t in tasks}):
+        rule, since = LEARNED_RULES[family]
+        out.append(f"{family}'s rule since {since}" if cfg['learned_frac'] == rule else
+                   f"this run's rule; {family}'s, set on {since}, is {rule:g}")
+    return '; '.join(out)
+
+
 def learned_threshold(task, cfg):
     """The ID accuracy (%) from which a run counts as having learned its task: learned_frac of the way
     from the random-guess level to 100% (by default halfway: 75% where chance is 50%, 60% where it is 20%)."""
@@ -558,12 +583,21 @@ def _mean_std_text(values):
     return mean_std_text(m, s)
 
 
-def _difference(a, b):
-    """compare_means of a against b as two table cells: the difference [95% CI] and Welch's p."""
+def _compare(a, b):
+    """compare_means of accuracies (%) a against b, or {'status': 'n/s'} where a run was not servable."""
     if any(v is None for v in a + b):
-        return 'n/s', 'n/s'
-    c = compare_means(a, b)
-    return difference_text(c), p_text(c['p']) if c['status'] == 'ok' else '-'
+        return {'status': 'n/s'}
+    return compare_means(a, b, bounds=(0.0, 100.0))
+
+
+def _difference_cells(c):
+    """A comparison as four table cells: the difference [95% interval], Welch's p, the exact p and its Holm
+    adjustment (holm_over)."""
+    if c['status'] == 'n/s':
+        return ['n/s'] * 4
+    if c['status'] != 'ok':
+        return [c['status'], '-', '-', '-']
+    return [difference_text(c), p_text(c['p']), p_text(c['p_exact']), p_text(c['p_holm'])]
 
 
 def is_learned(run, threshold):
@@ -591,8 +625,10 @@ def seeds_table(cells, tasks, columns, cfg):
     scores over the seeds that learned it, as mean ± sample std, with the per-seed figures (those of
     seeds that did not learn it in brackets: they say nothing about extrapolation). Then a row per
     DAPE-X against X at the same rate (and DAPE-X with f zero at step 0 against the default init's):
-    the difference of their OOD means with its 95% confidence interval and Welch's two-sided p, over the
-    seeds that learned the task and, labelled apart, over every seed; and the same for ID over every seed."""
+    the difference of their OOD means with its 95% t interval cut to the possible range, Welch's two-sided
+    p, the exact p and that p adjusted by Holm's method over every comparison of the table, over the seeds that learned the task
+    and, labelled apart, over every seed; and the same for ID over every seed. -> the Markdown tables with
+    their caption."""
     several_rates = len(parse_learning_rates(cfg)) > 1
     rows = seed_rows(cells, tasks, columns, cfg)
     variants = sorted({v for t in tasks for v in TASKS[t].variants})
@@ -621,29 +657,36 @@ def seeds_table(cells, tasks, columns, cfg):
         bases = [(t, p, 'none', lr)] + ([(t, p, version, lr)] if init else [])
         pairs += [((t, p, d, lr), base) for base in bases if base in by_key]
     if pairs:
-        lines += ['', '| Task | DAPE-X vs X |' + lr_head + ' learned | OOD difference, learned seeds [95% CI] | p | '
-                  'OOD difference, all seeds [95% CI] | p | ID difference, all seeds [95% CI] | p |']
+        lines += ['', '| Task | DAPE-X vs X |' + lr_head + ' learned |'
+                  + ''.join(f' {what} difference, {seeds} seeds [95% interval] | Welch p | exact p | Holm p |'
+                            for what, seeds in (('OOD', 'learned'), ('OOD', 'all'), ('ID', 'all')))]
         lines.append('|' + ' --- |' * (lines[-1].count('|') - 1))
+    compared = []  # every comparison first: Holm's adjustment counts them all before any is written
     for key, base_key in pairs:
         (runs, threshold), (base, _) = by_key[key], by_key[base_key]
         ood = lambda rs, only_learned: [r['score'] for r in rs if is_learned(r, threshold) or not only_learned]
-        learned_ood = _difference(ood(runs, True), ood(base, True))
-        all_ood = _difference(ood(runs, False), ood(base, False))
-        all_id = _difference([r['id_score'] for r in runs], [r['id_score'] for r in base])
+        compared.append([_compare(ood(runs, True), ood(base, True)), _compare(ood(runs, False), ood(base, False)),
+                         _compare([r['id_score'] for r in runs], [r['id_score'] for r in base])])
+    holm_over([c for cs in compared for c in cs])
+    for (key, base_key), cs in zip(pairs, compared):
+        (runs, threshold), (base, _) = by_key[key], by_key[base_key]
         t, p, d, lr = key
         lines.append(f"| {t} | {encoding_label(p, d)} vs {encoding_label(p, base_key[2])} |"
                      + (f" {lr:g} |" if several_rates else '')
                      + f" {sum(is_learned(r, threshold) for r in runs)} of {len(runs)} vs "
                      f"{sum(is_learned(r, threshold) for r in base)} of {len(base)} | "
-                     + ' | '.join(learned_ood + all_ood + all_id) + ' |')
+                     + ' | '.join(cell for c in cs for cell in _difference_cells(c)) + ' |')
     seeds = sorted({r['seed'] for *_, runs, _ in rows for r in runs})
     thresholds = [f"{learned_threshold(TASKS[t], cfg):.4g}% for {t}" for t in tasks]
     lines += ['', f"Accuracy (%) over seeds {','.join(map(str, seeds))}: mean ± sample std; per seed in seed "
                   f"order. learned: ID accuracy at least {cfg['learned_frac']:g} of the way from chance to 100% "
-                  f"({', '.join(thresholds)}). ID over every seed; OOD over the seeds that learned the task (in "
-                  f"brackets, those that did not). Differences: DAPE-X's mean minus X's, the 95% confidence "
-                  f"interval of the difference (Welch-Satterthwaite) and Welch's two-sided p; n/a: fewer than two "
-                  f"seeds a side. n/s: not servable at the test lengths."]
+                  f"({', '.join(thresholds)}; {learned_rule_text(tasks, cfg)}). ID over every seed; OOD over the "
+                  f"seeds that learned the task (in brackets, those that did not). Differences: DAPE-X's mean minus "
+                  f"X's with its {interval_text(bounded=True)}; n/a: fewer than two seeds a side. n/s: not servable "
+                  f"at the test lengths."]
+    caption = tests_caption([c for cs in compared for c in cs])
+    if caption:
+        lines[-1] += ' ' + caption
     return '\n'.join(lines)
 
 
@@ -764,7 +807,7 @@ def run_grid(cfg, log=print, command='unknown (che_tasks.run_grid called in a pr
 # minutes per task; config/che_paper.py is the paper's setting (GPU).
 _names_before_config = set(globals())
 task = 'reverse_string'
-pos = 'kerple'
+pos = 'kerple'                # an encoding; +sb, +sbc, +logn or +logn-fixed after it: attention options (pos_options)
 dape = 'none'                # none | v1 | v2; v1:zero, v2:zero: f's last layer zero at init (dape.py)
 dape_variant = 'concat_residual'
 dape_width = 32              # D_DAPE (paper: 64)

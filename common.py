@@ -1,7 +1,8 @@
 """
 What several scripts share: the device and dtype they run in, reading checkpoints and datasets, the
 evaluation scripts' command lines, list options and result files, the labels that group runs of one
-setting over seeds, and the statistics over seeds (mean and sample std, Welch's t-test).
+setting over seeds, and the statistics over seeds (mean and sample std, Welch's t-test and t interval, cut to
+the possible range for bounded values, the exact permutation test and Holm's adjustment).
 Scripts import this file (and the library files model.py, tokenizer.py, configurator.py), never each
 other.
 
@@ -15,6 +16,8 @@ The one device and dtype rule (train.py, eval_extrapolate.py, sample.py, visuali
 """
 
 import datetime
+import functools
+import itertools
 import json
 import math
 import os
@@ -389,9 +392,38 @@ def setting_of(run):
             'rope_scaling': run.get('rope_scaling', 'none')}
 
 
+# the attention's options as a label spells them after the encoding's name ('nope+sb', 'kerple+logn'), and as
+# che_tasks.py's grids take them in an encoding's place (pos_options)
+ATTN_SUFFIXES = {'sb': {'attn': 'stickbreaking'}, 'sbc': {'attn': 'stickbreaking', 'sb_current': True},
+                 'logn': {'logn_scale': 'learned'}, 'logn-fixed': {'logn_scale': 'fixed'}}
+
+
+def attn_suffix(a):
+    """'+sb' (stick-breaking), '+sbc' (with the query's own key in the stick), then '+logn' or '+logn-fixed'
+    (log-length scaling) for model options a; '' for softmax attention unscaled."""
+    opts = {k: a.get(k) for k in ('attn', 'sb_current', 'logn_scale')}
+    found = [name for name, want in ATTN_SUFFIXES.items()
+             if all(opts[k] == v for k, v in want.items()) and not (name == 'sb' and opts['sb_current'])]
+    return ''.join('+' + name for name in found)
+
+
+def pos_options(spec):
+    """An encoding with the attention's options after it, as grids name them ('nope+sb', 'kerple+logn',
+    'kerple+sb+logn-fixed') -> (pos, {GPTConfig field: value}); a plain encoding -> (pos, {})."""
+    pos, *suffixes = spec.split('+')
+    options = {}
+    for suffix in suffixes:
+        if suffix not in ATTN_SUFFIXES:
+            raise ValueError(f"{spec!r}: unknown option '+{suffix}' after the encoding; choose from "
+                             f"{', '.join('+' + s for s in ATTN_SUFFIXES)}")
+        options.update(ATTN_SUFFIXES[suffix])
+    return pos, options
+
+
 def base_label(a):
-    """'kerple', 'dape-kerple', 'dapev2-kerple', with non-default DAPE options and rand_pos spelled out."""
-    name = a['pos'] + ('+rand' if a.get('rand_pos') else '')
+    """'kerple', 'dape-kerple', 'dapev2-kerple', with non-default DAPE options, rand_pos and the attention's
+    options (attn_suffix) spelled out."""
+    name = a['pos'] + ('+rand' if a.get('rand_pos') else '') + attn_suffix(a)
     if a.get('dape', 'none') == 'none':
         return name
     name = ('dape-' if a['dape'] == 'v1' else 'dapev2-') + name
@@ -556,29 +588,164 @@ def mean_ci(values, level=0.95):
     return float(v.mean()), float(v.mean()) - half, float(v.mean()) + half
 
 
-def compare_means(a, b, level=0.95):
-    """a against b: the difference of their means with its confidence interval (Welch-Satterthwaite
-    degrees of freedom, the t quantile) and Welch's two-sided p. -> {'status': 'ok', n_a, n_b, mean_a,
-    mean_b, diff, ci: [lo, hi], level, t, df, p}, or {'status': why not} with fewer than two values a
-    side or no spread on either."""
+# -----------------------------------------------------------------------------
+# statistics that fit a few seeds a side: the exact permutation test (its p cannot go below what the sample
+# sizes allow, where Welch's can), Holm's adjustment for the comparisons of one table, and Welch's t interval,
+# cut for a bounded quantity (accuracies) to the differences that are possible at all
+
+ALPHA = 0.05                 # the level at which generated text calls a difference significant
+EXACT_MAX = 200_000          # enumerate every split of the runs up to this many: 10 runs a side (C(20, 10) splits)
+PERMUTATION_DRAWS = 100_000  # beyond that, this many seeded random splits
+STATS_SEED = 0               # the random splits are seeded: a table is the same on every rerun
+
+
+@functools.lru_cache(maxsize=16)
+def _splits(n, k):
+    """Every k-subset of range(n), as the rows of a read-only (C(n, k), k) index array."""
+    rows = np.fromiter(itertools.combinations(range(n), k), dtype=np.dtype((np.intp, k)), count=math.comb(n, k))
+    rows.flags.writeable = False
+    return rows
+
+
+def permutation_test(a, b, seed=STATS_SEED):
+    """Two-sided permutation test of mean(a) - mean(b). The null distribution is the difference over every
+    split of the pooled values into groups of len(a) and len(b) (each set of runs once, as
+    scipy.stats.permutation_test(permutation_type='independent', n_resamples=np.inf) enumerates them), and
+    p = 2 x the smaller share of splits at most / at least the observed difference, capped at 1, as scipy
+    computes it. Splits count as equal to the observed one within 100 machine epsilons relative, scipy's
+    tolerance, but relative to the data's scale where the difference itself is smaller (identical groups
+    then give p = 1 whatever the rounding). Beyond EXACT_MAX splits, PERMUTATION_DRAWS seeded random
+    ones, the observed split counted as one more (the +1 correction, so that p is never 0).
+    -> {'p', 'p_min': the smallest p these two sample sizes allow (2 / the number of splits, where the
+    observed split is the one most extreme), 'splits': how many were counted, 'exact': all of them or not}."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    na, nb = len(a), len(b)
+    if na < 1 or nb < 1:
+        raise ValueError("a permutation test needs at least one value per group")
+    x = np.concatenate([a, b])
+    n, total = na + nb, x.sum()
+    exact = math.comb(n, na) <= EXACT_MAX
+    if exact:
+        sums = x[_splits(n, na)].sum(axis=1)
+        extra = 0
+    else:
+        rng, sums = np.random.default_rng(seed), []
+        for start in range(0, PERMUTATION_DRAWS, 10_000):  # in batches, to bound the memory
+            order = rng.permuted(np.broadcast_to(np.arange(n), (min(10_000, PERMUTATION_DRAWS - start), n)), axis=1)
+            sums.append(x[order[:, :na]].sum(axis=1))
+        sums, extra = np.concatenate(sums), 1
+    # a's sum fixes the difference (the total is fixed): the same arithmetic for every split and the observed one
+    null = sums / na - (total - sums) / nb
+    observed = a.sum() / na - (total - a.sum()) / nb
+    tol = 100 * np.finfo(np.float64).eps * max(abs(observed), float(np.abs(x).max()))
+    count = len(null) + extra
+    less = (np.count_nonzero(null <= observed + tol) + extra) / count
+    greater = (np.count_nonzero(null >= observed - tol) + extra) / count
+    return {'p': float(min(1.0, 2 * min(less, greater))), 'p_min': min(1.0, 2 / count), 'splits': len(null),
+            'exact': exact}
+
+
+def holm(pvalues):
+    """Holm's step-down adjustment of m p-values (statsmodels' multipletests(method='holm')): in ascending
+    order, the i-th (from 0) becomes the largest (m - j) p_j over j <= i, capped at 1, so that the adjusted
+    values keep the order of the raw ones. An entry None (no test) stays None and is not counted in m.
+    -> the adjusted p-values, in the order given."""
+    order = sorted((i for i, p in enumerate(pvalues) if p is not None), key=lambda i: pvalues[i])
+    out, running = list(pvalues), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(order) - rank) * pvalues[i]))  # never below a smaller p's
+        out[i] = running
+    return out
+
+
+def compare_means(a, b, level=0.95, bounds=None):
+    """a against b: the difference of their means with its confidence interval, Welch's two-sided p and the
+    exact permutation test's (permutation_test). The interval is Welch's t interval (Welch-Satterthwaite
+    degrees of freedom). bounds=(lo, hi) for values that cannot leave [lo, hi] (accuracies): the interval is
+    then cut to [lo - hi, hi - lo], the differences that are possible at all (the cut removes no possible true
+    difference, so the interval keeps its coverage, and stays in bounds), and groups without spread (every
+    seed at 100%) are compared too, by the exact test alone, their interval the single point [diff, diff]
+    (there is nothing to estimate a spread from: not a claim of certainty). Values outside the bounds are an
+    error (a wrong scale, 0-1 against 0-100).
+    -> {'status': 'ok', n_a, n_b, mean_a, mean_b, diff, ci: [lo, hi], ci_method ('t', or 't, clipped' where
+    bounds were given, whether or not the cut changed it), level, t, df, p (Welch's; None where neither side
+    varies), p_exact, p_min (the smallest p_exact these sample sizes allow), exact (every split counted)}, or
+    {'status': why not} with fewer than two values a side or, without bounds, no spread on either. Holm's
+    adjustment is per table: holm_over adds 'p_holm'."""
     a, b = [float(v) for v in a], [float(v) for v in b]
     if len(a) < 2 or len(b) < 2:
         return {'status': f"n/a: {min(len(a), len(b))} seed{'s' if min(len(a), len(b)) != 1 else ''}",
                 'n_a': len(a), 'n_b': len(b)}
-    try:
-        t, df, p = welch_ttest(a, b)
-    except ValueError:
+    if bounds is not None:
+        lo, hi = bounds
+        slack = 1e-9 * (hi - lo)  # a mean of per-length accuracies may round past its bound; a wrong scale may not
+        if min(a + b) < lo - slack or max(a + b) > hi + slack:
+            raise ValueError(f"values outside the bounds {tuple(bounds)} given for them")
+    spread = np.var(a, ddof=1) / len(a) + np.var(b, ddof=1) / len(b)
+    if spread == 0 and bounds is None:
         return {'status': 'n/a: zero variance', 'n_a': len(a), 'n_b': len(b)}
+    t, df, p = welch_ttest(a, b) if spread > 0 else (None, None, None)
     diff = float(np.mean(a) - np.mean(b))
-    se = math.sqrt(np.var(a, ddof=1) / len(a) + np.var(b, ddof=1) / len(b))
-    half = t_quantile(0.5 + level / 2, df) * se
+    half = t_quantile(0.5 + level / 2, df) * math.sqrt(spread) if spread > 0 else 0.0
+    ci, method = [diff - half, diff + half], 't'
+    if bounds is not None:
+        # (widened to hold diff itself, which a mean of values at a bound can round an ulp past)
+        ci = [float(max(ci[0], min(lo - hi, diff))), float(min(ci[1], max(hi - lo, diff)))]
+        method = 't, clipped'
+    perm = permutation_test(a, b)
     return {'status': 'ok', 'n_a': len(a), 'n_b': len(b), 'mean_a': float(np.mean(a)), 'mean_b': float(np.mean(b)),
-            'diff': diff, 'ci': [diff - half, diff + half], 'level': level, 't': t, 'df': df, 'p': p}
+            'diff': diff, 'ci': ci, 'ci_method': method, 'level': level, 't': t, 'df': df, 'p': p,
+            'p_exact': perm['p'], 'p_min': perm['p_min'], 'exact': perm['exact']}
+
+
+def holm_over(comparisons):
+    """Holm's adjustment of the exact p over the comparisons of one table (compare_means results, or any dicts
+    with status, p_exact; those without a test are not counted): sets each tested one's 'p_holm', in place.
+    -> the number of comparisons counted."""
+    tested = [c for c in comparisons if c['status'] == 'ok']
+    for c, p in zip(tested, holm([c['p_exact'] for c in tested])):
+        c['p_holm'] = p
+    return len(tested)
 
 
 def p_text(p):
-    """A p-value as the tables write it: two significant digits, '< 0.001' below that."""
+    """A p-value as the tables write it: two significant digits, '< 0.001' below that, 'n/a' for no test."""
+    if p is None:
+        return 'n/a'
     return '< 0.001' if p < 0.001 else f"{p:.2g}"
+
+
+def interval_text(bounded, level=0.95, bounds=(0, 100)):
+    """What a table's interval is, for its caption: Welch's t interval, and for bounded values (compare_means
+    with bounds) that it is cut to the possible range of a difference; bounds: the values' range as the table
+    writes them (percent, or percentage points of exact match: both tables that use it)."""
+    text = f"{100 * level:.0f}% confidence interval (Welch-Satterthwaite t)"
+    if bounded:
+        lo, hi = bounds
+        text += f", cut to the possible range, {lo - hi:+g} to {hi - lo:+g} (a single point where neither side varies)"
+    return text
+
+
+def tests_caption(comparisons, alpha=ALPHA):
+    """The caption line of a table of comparisons (compare_means results after holm_over): what its p-values
+    are, how many comparisons Holm's adjustment counts, and the smallest exact p each pair of seed counts
+    allows; where even the smallest cannot reach alpha after the adjustment, that nothing in the table can.
+    '' for a table without a test."""
+    tested = [c for c in comparisons if c['status'] == 'ok']
+    if not tested:
+        return ''
+    smallest = {}
+    for c in tested:
+        smallest.setdefault(tuple(sorted((c['n_a'], c['n_b']))), (c['p_min'], c['exact']))
+    sizes = ', '.join(f"{p:.2g} with {na} and {nb} seeds" + ('' if exact else f" ({PERMUTATION_DRAWS} random splits)")
+                      for (na, nb), (p, exact) in sorted(smallest.items()))
+    m = len(tested)
+    text = (f"p: Welch's t-test; exact: the two-sided permutation test over every split of the seeds between "
+            f"the two sides; Holm: the exact p adjusted by Holm's method for the {m} comparison"
+            f"{'s' if m != 1 else ''} of this table. Smallest possible exact p: {sizes}.")
+    if m * min(p for p, _ in smallest.values()) >= alpha:
+        text += f" No comparison of this table can reach a Holm p below {alpha:g}."
+    return text
 
 
 def difference_text(c, fmt='{:+.1f}'):
@@ -590,8 +757,9 @@ def difference_text(c, fmt='{:+.1f}'):
     return f"{f(c['diff'])} [{f(c['ci'][0])}, {f(c['ci'][1])}]"
 
 
-def significance(c, alpha=0.05):
-    """'higher', 'lower' (a at significance level alpha against b, by Welch's test) or None."""
-    if c['status'] != 'ok' or not c['p'] < alpha:
+def significance(c, alpha=ALPHA):
+    """'higher', 'lower' (a against b, where the exact p adjusted by Holm's method over its table is below
+    alpha) or None. Needs holm_over to have been applied to c's table."""
+    if c['status'] != 'ok' or c.get('p_holm') is None or not c['p_holm'] < alpha:
         return None
     return 'higher' if c['diff'] > 0 else 'lower'

@@ -9,9 +9,10 @@
 #                           results/demo/; it changes no tracked file (publishing a run into README.md and docs/
 #                           is its own step: python demo_report.py results/demo-full --publish)
 #   bash demo.sh --full     the whole study: the above, and FIRE, DAPE-FIRE, FoX, DAPE-FoX, PaTH, DAPE-PaTH, PaTH-FoX,
-#                           DAPE-PaTH-FoX and DAPE-Kerple with f zero at step 0, three seeds each, RoPE read with PI,
-#                           NTK-aware and YaRN, and a RoPE passkey model tested up to 16x its length (reuses the
-#                           headline's finished models)
+#                           DAPE-PaTH-FoX, DAPE-Kerple with f zero at step 0, stick-breaking attention with and
+#                           without DAPE, and Kerple and DAPE-Kerple with log-length scaling, three seeds each,
+#                           RoPE read with PI, NTK-aware and YaRN, and a RoPE passkey model tested up to 16x its
+#                           length (reuses the headline's finished models)
 #   bash demo.sh --seeds=5  five seeds of every model that has several (any N >= 1; p-values need 2)
 #   bash demo.sh --smoke    the same pipeline in a minute: tiny models, a few steps, this repository's own
 #                           text as data; writes out-demo-smoke/ and results/demo-smoke/ (with --full: the whole
@@ -73,7 +74,7 @@ else
 fi
 [ $FULL = 0 ] || RESULTS=$RESULTS-full  # the whole study's results apart from the headline's; the models are shared
 
-# name  pos  dape  seeds (all: 1..SEEDS; one: seed 1): the pairs that carry the claim get every seed
+# name  pos  dape  seeds (all: 1..SEEDS; one: seed 1)  [model options]: the pairs that carry the claim get every seed
 RUNS="kerple        kerple   none all
       dape_kerple   kerple   v1   all
       dape2_kerple  kerple   v2   all
@@ -81,8 +82,9 @@ RUNS="kerple        kerple   none all
       rope          rope     none one"
 # --full: FIRE and DAPE-FIRE (FIRE is the static encoding that degrades at this setting: docs/demo_setting.md;
 # does DAPE keep it flat?), the 2025 data-dependent encodings beside their DAPE versions (does DAPE help them?),
-# and DAPE-Kerple with f's last layer zero at step 0 (v1:zero is --dape=v1 --dape_init=zero: docs/dape_init.md),
-# every seed
+# DAPE-Kerple with f's last layer zero at step 0 (v1:zero is --dape=v1 --dape_init=zero: docs/dape_init.md), and
+# two 2025 answers beside DAPE (docs/encodings.md): stick-breaking attention without a positional encoding (as
+# Tan et al. train it) and with DAPE, and Kerple and DAPE-Kerple with log-length scaling of the logits; every seed
 [ $FULL = 0 ] || RUNS="$RUNS
       fire          fire     none all
       dape_fire     fire     v1   all
@@ -92,7 +94,11 @@ RUNS="kerple        kerple   none all
       dape_path     path     v1   all
       path_fox      path_fox none all
       dape_path_fox path_fox v1   all
-      dape_kerple_zero kerple v1:zero all"
+      dape_kerple_zero kerple v1:zero all
+      sb            nope     none all --attn=stickbreaking
+      dape_sb       nope     v1   all --attn=stickbreaking
+      kerple_logn   kerple   none all --logn_scale=learned
+      dape_kerple_logn kerple v1  all --logn_scale=learned"
 
 # progress_count NAME: the line NAME landed on in $PROGRESS, not the file's length: two runs ending at once count
 # apart (though they may print in either order)
@@ -132,14 +138,14 @@ train_one() {
 
 # run_all "NAME POS DAPE SEEDS" lines, EXTRA_ARGS: every run, JOBS at a time; the checkpoint dirs in $DIRS
 run_all() {
-    local name pos dape which seed running=0
+    local name pos dape which options seed running=0
     DIRS=""
-    while read -r name pos dape which; do
+    while read -r name pos dape which options; do
         for seed in $(seq 1 $([ "$which" = all ] && echo $SEEDS || echo 1)); do
             dir=$OUT/${name}_s$seed
             DIRS="$DIRS $dir"
             if [ $running -ge $JOBS ]; then wait -n; running=$((running - 1)); fi
-            train_one $dir $pos $dape $seed $2 &
+            train_one $dir $pos $dape $seed $options $2 &
             running=$((running + 1))
         done
     done <<< "$1"

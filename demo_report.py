@@ -14,8 +14,10 @@ separate, explicit step, refused when it would drop rows the published study has
 
 Every figure in the text comes from the run's files: the machine, the date, the training steps and the
 seeds, the perplexity and bits-per-byte tables (mean ± sample std over seeds), DAPE-X against X (the
-difference of the mean perplexities with its 95% confidence interval and Welch's p), observations computed
-from the numbers (significance with its direction); beside them, the paper's Table 5, cited as published.
+difference of the mean perplexities with its 95% confidence interval, Welch's p, and the exact permutation
+test's p with its Holm adjustment over the table, computed here from the seeds' perplexities), observations
+computed from the numbers (significance, by the Holm-adjusted exact p, with its direction); beside them, the
+paper's Table 5, cited as published.
 """
 
 import json
@@ -25,7 +27,8 @@ import platform
 import shutil
 import sys
 
-from common import machine_text, mean_ci, provenance
+from common import (ALPHA, holm_over, machine_text, mean_ci, p_text, permutation_test, provenance, significance,
+                    tests_caption)
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 START, END = "<!-- demo-results:start -->", "<!-- demo-results:end -->"
@@ -60,17 +63,39 @@ def table(results, key, fmt):
     return "\n".join(rows)
 
 
-def pvalue_table(results):
-    """Welch's two-sided p per length, DAPE-X against X, for every pair with a test at any length (a
-    single seed on either side leaves a length without one)."""
+def exact_tests(results):
+    """The exact permutation test of DAPE-X against X at each length where the evaluation made Welch's, from the
+    seeds' perplexities in the groups (results files written before the evaluation kept it have them too), with
+    the exact p adjusted by Holm's method over all of them: the comparisons of pvalue_table.
+    -> {(label, baseline): {length: {status, n_a, n_b, p_exact, p_min, exact, p_holm}}}."""
+    groups = {g["label"]: g for g in results["groups"]}
+    out = {}
+    for c in results["comparisons"]:
+        tests = out.setdefault((c["label"], c["baseline"]), {})
+        for L in results["lengths"]:
+            if c["p_value"][str(L)]["status"] == "ok":
+                a, b = (groups[label]["ppl"][str(L)]["values"] for label in (c["label"], c["baseline"]))
+                test = permutation_test(a, b)
+                tests[L] = {"status": "ok", "n_a": len(a), "n_b": len(b), "p_exact": test["p"],
+                            "p_min": test["p_min"], "exact": test["exact"]}
+    holm_over([t for tests in out.values() for t in tests.values()])
+    return out
+
+
+def pvalue_table(results, tests):
+    """Per length, DAPE-X against X, for every pair with a test at any length (a single seed on either side
+    leaves a length without one): Welch's two-sided p, and in brackets the exact p and its Holm adjustment
+    (exact_tests)."""
     lengths = results["lengths"]
     rows = ["| DAPE-X vs X | " + " | ".join(str(L) for L in lengths) + " |", "| --- " * (len(lengths) + 1) + "|"]
     for c in results["comparisons"]:
         ps = [c["p_value"][str(L)] for L in lengths]
         if not any(p["status"] == "ok" for p in ps):  # a single seed on either side: no test to show
             continue
-        rows.append(f"| {c['label']} vs {c['baseline']} | "
-                    + " | ".join(f"{p['p']:.3g}" if p["status"] == "ok" else p["status"] for p in ps) + " |")
+        exact = tests[(c["label"], c["baseline"])]
+        rows.append(f"| {c['label']} vs {c['baseline']} | " + " | ".join(
+            f"{p['p']:.3g} (exact {p_text(exact[L]['p_exact'])}, Holm {p_text(exact[L]['p_holm'])})"
+            if p["status"] == "ok" else p["status"] for L, p in zip(lengths, ps)) + " |")
     return "\n".join(rows)
 
 
@@ -90,17 +115,18 @@ def difference_table(results):
     return "\n".join(rows)
 
 
-def significance_text(comparison, alpha=0.05):
-    """Welch's significant lengths with their direction: 'DAPE lower, p < 0.05, at k of n lengths;
-    higher at m' (n: the lengths with a test). A difference in DAPE's disfavour is counted apart, never
-    with the lengths where it is lower."""
-    ps = [p for p in comparison["p_value"].values() if p["status"] == "ok"]
-    if not ps:
+def significance_text(comparison, tests, alpha=ALPHA):
+    """The significant lengths with their direction, by the exact p adjusted by Holm's method over the table
+    (common.significance of exact_tests' figures; Welch's p can go below what a few seeds support): 'DAPE lower,
+    Holm p < 0.05, at k of n lengths; higher at m' (n: the lengths with a test). A difference in DAPE's
+    disfavour is counted apart, never with the lengths where it is lower."""
+    exact = tests[(comparison["label"], comparison["baseline"])]
+    found = [significance(dict(exact[int(L)], diff=p["mean_diff"]), alpha)
+             for L, p in comparison["p_value"].items() if p["status"] == "ok"]
+    if not found:
         return None
-    lower = sum(p["p"] < alpha and p["mean_diff"] < 0 for p in ps)
-    higher = sum(p["p"] < alpha and p["mean_diff"] > 0 for p in ps)
-    return (f"DAPE lower, Welch p < {alpha:g}, at {lower} of {len(ps)} lengths; "
-            f"DAPE higher, p < {alpha:g}, at {higher} of {len(ps)}")
+    return (f"DAPE lower, Holm-adjusted exact p < {alpha:g}, at {found.count('lower')} of {len(found)} lengths; "
+            f"DAPE higher, Holm p < {alpha:g}, at {found.count('higher')} of {len(found)}")
 
 
 def ppl_by_label(results):
@@ -119,6 +145,7 @@ def observations(results):
     """Sentences stating what the numbers show, for the paper's qualitative claims."""
     lengths = results["lengths"]
     ppl = ppl_by_label(results)
+    tests = exact_tests(results)
     first, last = lengths[0], lengths[-1]
     notes = []
     for g in results["groups"]:
@@ -136,7 +163,7 @@ def observations(results):
         dape_label, base = c["label"], c["baseline"]
         pairs = [(d, b) for d, b in zip(ppl[dape_label], ppl[base]) if d and b]
         note = f"{dape_label} below {base} at {sum(d < b for d, b in pairs)} of {len(pairs)} lengths"
-        signed = significance_text(c)
+        signed = significance_text(c, tests)
         if signed:
             note += f" (mean over seeds); {signed}"
         notes.append(note)
@@ -312,19 +339,24 @@ def render(saved):
     command = "bash demo.sh" + (" --full" if full else "") + ("" if seeds == 3 else f" --seeds={seeds}")
     tested = [c for c in results["comparisons"] if any(p["status"] == "ok" for p in c["p_value"].values())]
     sizes = sorted({(g["n"]) for c in tested for g in results["groups"] if g["label"] in (c["label"], c["baseline"])})
+    tests = exact_tests(results)
+    exact = [t for pair in tests.values() for t in pair.values()]
     pvalues = (f"""
 
-DAPE-X against X, Welch's t-test on the per-seed perplexities (two-sided p; {' or '.join(map(str, sizes))} seeds a
-side):
+DAPE-X against X on the per-seed perplexities, two-sided p ({' or '.join(map(str, sizes))} seeds a side): Welch's
+t-test, and in brackets the exact permutation test and its Holm adjustment:
 
-{pvalue_table(results)}
+{pvalue_table(results, tests)}
+
+{tests_caption(exact)}
 
 DAPE-X's mean perplexity minus X's, with the 95% confidence interval of the difference (Welch-Satterthwaite;
 negative: DAPE lower):
 
 {difference_table(results)}""" if tested else "")
-    scope = (f"with {seeds} seeds of the pairs that carry the claim, which is enough for a p-value but not for "
-             f"a small one unless the gap is several standard deviations" if several else
+    scope = (f"with {seeds} seeds of the pairs that carry the claim, so that the exact test's p cannot go below "
+             f"{min(t['p_min'] for t in exact):.2g} (Welch's can, by assuming normal errors)" if exact else
+             f"with {seeds} seeds of some models but no DAPE-X and X both over several, so no p-value" if several else
              "with one seed, so no p-value can be computed (`bash demo.sh` runs three)")
     rest = ", RoPE context extension and passkey retrieval from the same run" if full else \
         " (`bash demo.sh --full` adds FoX and PaTH with and without DAPE, RoPE context extension and passkey retrieval)"
@@ -351,7 +383,7 @@ Perplexity per byte:
 Perplexity on a log axis against the evaluation length (log2 axis, with its multiple of the training
 length); when some curves rise past twice the best perplexity, the right panel zooms on the others.
 
-Bits per byte, DAPE-X against X (the difference with its confidence interval and Welch's p), what the
+Bits per byte, DAPE-X against X (the difference with its confidence interval, Welch's and the exact p), what the
 numbers show, the paper's Table 5 beside them{rest}: [docs/demo_results.md](docs/demo_results.md).
 {END}"""
 

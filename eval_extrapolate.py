@@ -25,9 +25,11 @@ Protocol (paper §4 "Datasets" and Appendix, "the last 256 tokens"; docs/evaluat
   config (learning rate, steps, batch, dropout, dataset, ...; settings that do not change what is
   trained, like out_dir or eval_interval, may differ). A group gets mean ± std (sample std, ddof=1) per
   length, and for every DAPE-X group whose plain X group (trained alike) is also present, Welch's
-  two-sided t-test p-value per length (Table 5) and the difference of the mean perplexities with its
-  95% confidence interval (Welch-Satterthwaite degrees of freedom); a DAPE-X group with f zero at step
-  0 (dape_init='zero') also against the same DAPE-X with the default init, where it is present.
+  two-sided t-test p-value per length (Table 5), the exact permutation test's two-sided p (which cannot
+  go below what the seed counts allow: 0.1 with 3 and 3) with its Holm adjustment over every comparison
+  of the table, and the difference of the mean perplexities with its 95% confidence interval
+  (Welch-Satterthwaite degrees of freedom); a DAPE-X group with f zero at step 0 (dape_init='zero') also
+  against the same DAPE-X with the default init, where it is present.
 - Models trained for unequal lengths are compared with a note (printed, and under 'notes' in
   results.json): labels that differ in training iterations or tokens seen, and checkpoints saved before
   their own max_iters. The Welch rows of such pairs are marked (!).
@@ -51,9 +53,10 @@ import torch
 import torch.nn.functional as F
 
 from common import (InputError, auto_labels, autocast, checkpoints_and_config, compare_means, difference_text,
-                    find_checkpoints, find_data_dir, format_table, group_over_seeds, jsonable, load_run, load_val,
-                    mean_std_text, parse_list, pick_device, pick_dtype, provenance, resolve_data_dir,
-                    rope_scaling_options, setting_of, trained_by, training_data_dirs, training_setting)
+                    find_checkpoints, find_data_dir, format_table, group_over_seeds, holm_over, jsonable, load_run,
+                    load_val, mean_std_text, p_text, parse_list, pick_device, pick_dtype, provenance,
+                    resolve_data_dir, rope_scaling_options, setting_of, tests_caption, trained_by,
+                    training_data_dirs, training_setting)
 from configurator import ConfigError
 import probe
 from positional import rope_scaling_label, set_rope_scaling
@@ -416,8 +419,9 @@ def comparison_pairs(groups, explicit=()):
 
 
 def compare(dape_group, base_group, eval_lengths):
-    """Per length: DAPE-X's mean perplexity minus X's with its 95% confidence interval, and Welch's
-    t-test of the per-seed perplexities (common.compare_means)."""
+    """Per length: DAPE-X's mean perplexity minus X's with its 95% confidence interval, Welch's t-test and
+    the exact permutation test of the per-seed perplexities (common.compare_means; holm_table adds the
+    Holm-adjusted p once every comparison of the table is made)."""
     out = {'label': dape_group['label'], 'baseline': base_group['label'], 'p_value': {}, 't': {}}
     for L in eval_lengths:
         a, b = dape_group['ppl'][L], base_group['ppl'][L]
@@ -428,9 +432,16 @@ def compare(dape_group, base_group, eval_lengths):
         if c['status'] != 'ok':
             out['p_value'][L] = {'status': 'n/a: 1 seed' if min(a['n'], b['n']) < 2 else 'n/a: zero variance'}
             continue
-        out['p_value'][L] = {'status': 'ok', 'p': c['p'], 't': c['t'], 'df': c['df'],
-                             'mean_diff': c['diff'], 'ci': c['ci']}
+        out['p_value'][L] = {'status': 'ok', 'p': c['p'], 't': c['t'], 'df': c['df'], 'mean_diff': c['diff'],
+                             'ci': c['ci'], 'p_exact': c['p_exact'], 'p_min': c['p_min'], 'exact': c['exact'],
+                             'n_a': c['n_a'], 'n_b': c['n_b']}
     return out
+
+
+def holm_table(comparisons, eval_lengths):
+    """Holm's adjustment of the exact p over every test of the p-value table (each pair at each length): sets
+    'p_holm' in place. -> the number of tests."""
+    return holm_over([c['p_value'][L] for c in comparisons for L in eval_lengths])
 
 
 # -----------------------------------------------------------------------------
@@ -465,15 +476,21 @@ def run_table(runs, eval_lengths, markdown=False):
 
 
 def pvalue_table(comparisons, eval_lengths, markdown=False):
+    """Per pair and length: Welch's p, and in brackets the exact p and its Holm adjustment (holm_table); then
+    the caption (common.tests_caption) and the pairs trained unequally."""
     header = ['DAPE-X vs X'] + [str(L) for L in eval_lengths]
     rows = []
     for c in comparisons:
         row = [f"{c['label']} vs {c['baseline']}" + (' (!)' if c.get('unequal_training') else '')]
         for L in eval_lengths:
             s = c['p_value'][L]
-            row.append(s['status'] if s['status'] != 'ok' else f"{s['p']:.3g}")
+            row.append(s['status'] if s['status'] != 'ok' else
+                       f"{s['p']:.3g} (exact {p_text(s['p_exact'])}, Holm {p_text(s['p_holm'])})")
         rows.append(row)
     table = format_table(header, rows, markdown)
+    caption = tests_caption([c['p_value'][L] for c in comparisons for L in eval_lengths])
+    if caption:
+        table += '\n\n' + caption
     if any(c.get('unequal_training') for c in comparisons):
         table += '\n\n(!) the two models were not trained for as long as each other: ' + '; '.join(
             f"{c['label']} vs {c['baseline']}: {c['unequal_training']}" for c in comparisons if c.get('unequal_training'))
@@ -513,7 +530,7 @@ def write_outputs(out, protocol, runs, groups, comparisons, eval_lengths, make_p
     if has_bpb:
         md += ['## Bits per byte', '', group_table(groups, 'bpb', eval_lengths, markdown=True), '']
     if comparisons:
-        md += ["## DAPE-X vs X: Welch's t-test (two-sided p, per-seed perplexities)", '',
+        md += ["## DAPE-X vs X: Welch's t-test and the exact permutation test (two-sided p, per-seed perplexities)", '',
                pvalue_table(comparisons, eval_lengths, markdown=True), '',
                "## DAPE-X minus X: difference of mean perplexities [95% confidence interval]", '',
                difference_table(comparisons, eval_lengths, markdown=True), '']
@@ -805,6 +822,7 @@ def evaluate(cfg, ckpt_paths, command='unknown (eval_extrapolate.evaluate called
     comparisons = [compare(a, b, eval_lengths) for a, b in comparison_pairs(groups, pairs)]
     for c in comparisons:  # a p-value between unequally trained models measures the training too
         c['unequal_training'] = unequal_training([r for r in runs if r['label'] in (c['label'], c['baseline'])])
+    holm_table(comparisons, eval_lengths)
 
     print('\n' + protocol_text(protocol) + '\n\nperplexity\n' + group_table(groups, 'ppl', eval_lengths))
     if any(g['bpb'][L]['status'] == 'ok' for g in groups for L in eval_lengths):
@@ -812,7 +830,8 @@ def evaluate(cfg, ckpt_paths, command='unknown (eval_extrapolate.evaluate called
     if any(g['n'] > 1 for g in groups):
         print('\nruns\n' + run_table(runs, eval_lengths))
     if comparisons:
-        print("\nDAPE-X vs X, Welch's t-test, two-sided p\n" + pvalue_table(comparisons, eval_lengths))
+        print("\nDAPE-X vs X, two-sided p: Welch's t-test (exact permutation test, Holm-adjusted)\n"
+              + pvalue_table(comparisons, eval_lengths))
         print("\nDAPE-X minus X, difference of mean perplexities [95% confidence interval]\n"
               + difference_table(comparisons, eval_lengths))
     write_outputs(cfg['out_dir'], protocol, runs, groups, comparisons, eval_lengths, cfg['plot'], notes)

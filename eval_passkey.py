@@ -26,14 +26,17 @@ Protocol:
   options, training config and data) form a group, read with the same RoPE scaling. Where a group has
   several, the tables over seeds give per length the mean ± sample std of the per-seed figures (each
   the mean over depths), and how many seeds learned the task: exact match of at least `learned_exact`
-  at their training length. A seed that did not says nothing about extrapolation.
+  at their training length (the tables state the rule with the day it was set, LEARNED_RULE). A seed that
+  did not says nothing about extrapolation.
 
 Outputs (`out_dir`, default results/passkey/): passkey.json (everything, every sample's key and
 answer), passkey.md (the tables) and passkey_<model>.png (a heat map per row: accuracy, and the
 log-likelihood per token, over length x depth); with several seeds of a setting, the tables over seeds
 in passkey.md and `groups` in passkey.json, and for every DAPE-X beside its X (labels 'dape-kerple' and
-'kerple') the difference of the mean exact match per length with its 95% confidence interval and
-Welch's p, over the seeds that learned and over every seed (`comparisons`).
+'kerple') the difference of the mean exact match per length with its 95% t interval cut to the possible
+range (-100 to +100 points), Welch's p and the exact permutation test's
+p with its Holm adjustment over the table's comparisons, over the seeds that learned and over every seed
+(`comparisons`).
 
     python eval_passkey.py --tables_from=docs/results/passkey_cpu.json     # a results page's tables again
     python eval_passkey.py out-passkey/kerple_s6 --save_runs=docs/results/passkey_cpu.json  # a run added to them
@@ -49,9 +52,9 @@ import time
 import numpy as np
 
 from common import (InputError, auto_labels, autocast, checkpoints_and_config, compare_means, difference_text,
-                    find_checkpoints, format_table, group_over_seeds, jsonable, load_run, load_val, mean_std_text,
-                    p_text, parse_list, pick_device, pick_dtype, resolve_data_dir, rope_scaling_options,
-                    trained_by, training_setting)
+                    find_checkpoints, format_table, group_over_seeds, holm_over, interval_text, jsonable, load_run,
+                    load_val, mean_std_text, p_text, parse_list, pick_device, pick_dtype, resolve_data_dir,
+                    rope_scaling_options, tests_caption, trained_by, training_setting)
 from configurator import ConfigError
 from passkey import DIGITS, chance_logp_per_digit, passkey_prompts, score_prompts, summarize
 from positional import rope_scaling_label, set_rope_scaling
@@ -81,6 +84,9 @@ plot = True
 tables_from = ''         # a passkey.json: print its tables over seeds (Markdown, as the results pages show them)
 save_runs = ''           # a results file (docs/results/passkey_cpu.json): add these runs' figures to it
 config_keys = [k for k in globals() if k not in _names_before_config and not k.startswith('_')]
+# learned_exact's default, the rule for 'learned' of every results page, and the day it was set (git log -S
+# 'learned_exact = 0.5'): a table states both, so that a rule changed after its runs were made shows
+LEARNED_RULE = (0.5, '2026-11-24')
 
 
 def check_options(cfg):
@@ -379,9 +385,11 @@ def comparison_pairs(groups):
 
 
 def compare_groups(groups, lens):
-    """DAPE-X against X per length: the difference of their mean exact match with its 95% confidence
-    interval and Welch's p (common.compare_means), over the seeds that learned retrieval at the training
-    length and, apart, over every seed."""
+    """DAPE-X against X per length: the difference of their mean exact match with its 95% t interval cut to
+    the possible range (exact match lies in [0, 1]), Welch's p and the exact p (common.compare_means), over the seeds that
+    learned retrieval at the training length and, apart, over every seed; and the exact p adjusted by
+    Holm's method over all of them, the comparisons of one table. -> [{label, baseline, learned,
+    learned_seeds: {L: comparison}, all_seeds: {L: comparison}}]."""
     out = []
     for a, b in comparison_pairs(groups):
         c = {'label': a['label'], 'baseline': b['label'], 'learned': [a['learned'], a['n'], b['learned'], b['n']],
@@ -392,21 +400,46 @@ def compare_groups(groups, lens):
                 c['learned_seeds'][L] = c['all_seeds'][L] = {'status': 'n/a: not evaluated'}
                 continue
             va, vb = ca['accuracy']['values'], cb['accuracy']['values']
-            c['all_seeds'][L] = compare_means(va, vb)
+            c['all_seeds'][L] = compare_means(va, vb, bounds=(0.0, 1.0))
             c['learned_seeds'][L] = compare_means([v for v, f in zip(va, a['learned_seeds']) if f],
-                                                  [v for v, f in zip(vb, b['learned_seeds']) if f])
+                                                  [v for v, f in zip(vb, b['learned_seeds']) if f], bounds=(0.0, 1.0))
         out.append(c)
+    holm_over(table_tests(out, lens))
     return out
+
+
+def table_tests(comparisons, lens):
+    """Every comparison of comparison_table, in its order."""
+    return [c[which][L] for c in comparisons for which in ('learned_seeds', 'all_seeds') for L in lens]
+
+
+def learned_text(learned_exact):
+    """The rule for 'learned' as a table states it, with the day the standing rule was set."""
+    rule, since = LEARNED_RULE
+    when = (f"the rule since {since}" if learned_exact == rule else
+            f"this evaluation's rule; the standing one, set on {since}, is {100 * rule:.0f}%")
+    return (f"learned: seeds with an exact match of at least {100 * learned_exact:.0f}% at their training length "
+            f"({when})")
+
+
+def comparison_caption(comparisons, lens):
+    """What comparison_table's cells are, and its tests (common.tests_caption)."""
+    return ("DAPE-X minus X, exact match in percentage points: the difference of the means ["
+            + interval_text(bounded=True) + "], Welch's two-sided p, the exact p and its Holm adjustment, over "
+            "the seeds that learned retrieval at the training length (learned) and over every seed (all). "
+            + tests_caption(table_tests(comparisons, lens)))
 
 
 def comparison_table(comparisons, lens, markdown=False):
     """A row per DAPE-X against X and per set of seeds: the difference of the mean exact match in
-    percentage points [95% confidence interval], and Welch's p."""
+    percentage points [95% t interval cut to the possible range], Welch's p, the exact p and its Holm
+    adjustment (compare_groups)."""
     def cell(c):
         if c['status'] != 'ok':
             return c['status']
         pct = dict(c, diff=100 * c['diff'], ci=[100 * x for x in c['ci']])
-        return f"{difference_text(pct, '{:+.0f}')}, p {p_text(c['p'])}"
+        return (f"{difference_text(pct, '{:+.0f}')}, p {p_text(c['p'])}, exact {p_text(c['p_exact'])}, "
+                f"Holm {p_text(c['p_holm'])}")
     header = ['DAPE-X minus X', 'seeds', 'learned'] + [str(L) for L in lens]
     rows = []
     for c in comparisons:
@@ -426,13 +459,9 @@ def seed_tables(protocol, rows, lens, markdown=True):
     over = (f"seeds {','.join(map(str, next(iter(seed_sets))))}" if len(seed_sets) == 1
             else "each model's seeds (its seeds column)")
     text = [f"Exact match, mean over depths: mean ± sample std over {over}; "
-            f"learned: seeds with an exact match of at least {100 * protocol['learned_exact']:.0f}% at their "
-            f"training length.", '', group_table(groups, lens, 'accuracy', markdown)]
+            f"{learned_text(protocol['learned_exact'])}.", '', group_table(groups, lens, 'accuracy', markdown)]
     if comparisons:
-        text += ['', "DAPE-X minus X, exact match in percentage points: the difference of the means [95% "
-                     "confidence interval, Welch-Satterthwaite] and Welch's two-sided p, over the seeds that "
-                     "learned retrieval at the training length (learned) and over every seed (all).", '',
-                 comparison_table(comparisons, lens, markdown)]
+        text += ['', comparison_caption(comparisons, lens), '', comparison_table(comparisons, lens, markdown)]
     text += ['', 'Every run: exact match, mean over depths.', '', summary_table(rows, lens, 'accuracy', markdown)]
     return '\n'.join(text)
 
@@ -496,8 +525,7 @@ def write_outputs(cfg, protocol, rows, lens, groups=(), comparisons=()):
     chance = (f"Chance: exact match ~0; log-likelihood per token ln(1/10) = {chance_logp_per_digit():.3f} for a "
               f"model that knows a digit comes but not which.")
     seeded = any(g['n'] > 1 for g in groups)
-    learned = (f"learned: seeds with an exact match of at least {100 * protocol['learned_exact']:.0f}% at their "
-               f"training length")
+    learned = learned_text(protocol['learned_exact'])
     text = [f"exact match, mean over depths\n{summary_table(rows, lens, 'accuracy')}",
             f"log-likelihood per answer token (nats), mean over depths\n{summary_table(rows, lens, 'logp')}"]
     if seeded:
@@ -506,8 +534,7 @@ def write_outputs(cfg, protocol, rows, lens, groups=(), comparisons=()):
                  f"over seeds: log-likelihood per answer token (nats), mean ± sample std\n"
                  f"{group_table(groups, lens, 'logp_mean')}"]
     if comparisons:
-        text += [f"DAPE-X minus X, exact match in percentage points [95% confidence interval], Welch's p\n"
-                 f"{comparison_table(comparisons, lens)}"]
+        text += [f"{comparison_caption(comparisons, lens)}\n{comparison_table(comparisons, lens)}"]
     text += [f"{r['label']}: exact match (log-likelihood per token), per depth\n{model_table(r, lens)}" for r in rows]
     print('\n' + '\n\n'.join(text) + '\n\n' + chance)
 
@@ -522,10 +549,7 @@ def write_outputs(cfg, protocol, rows, lens, groups=(), comparisons=()):
                group_table(groups, lens, 'accuracy', True), '',
                '## Over seeds: log-likelihood per answer token (nats)', '', group_table(groups, lens, 'logp_mean', True), '']
     if comparisons:
-        md += ["## DAPE-X minus X: exact match", '',
-               "The difference of the mean exact match in percentage points [95% confidence interval, "
-               "Welch-Satterthwaite] and Welch's two-sided p, over the seeds that learned retrieval at the "
-               "training length (learned) and over every seed (all).", '',
+        md += ["## DAPE-X minus X: exact match", '', comparison_caption(comparisons, lens), '',
                comparison_table(comparisons, lens, True), '']
     for r in rows:
         md += [f"## {r['label']}: exact match (log-likelihood per token) per depth", '', model_table(r, lens, True), '']

@@ -5,9 +5,9 @@
 task = 'mqar'
 grid = True
 grid_tasks = 'mqar'
-grid_pos = 'nope,rope,alibi,kerple,fox,path'
+grid_pos = 'nope,rope,alibi,kerple,fox,path,nope+sb,kerple+logn'  # +sb: stick-breaking; +logn: log-length scaling
 grid_dape = 'none,v1'
-grid_dape_pos = 'kerple,fox,path'  # DAPE V1 on these three: DAPE-Kerple, DAPE-FoX and DAPE-PaTH
+grid_dape_pos = 'kerple,fox,path,nope+sb,kerple+logn'  # DAPE V1 on these five
 seeds = '0,1,2'
 rand_pos = False        # causal language models at positions 0..T-1
 n_layer = 2

@@ -692,11 +692,18 @@ def _row(table, start):
     return [c.strip() for c in rows[0].strip('|').split('|')]
 
 
+def _cells(c):
+    """A comparison's four cells: the difference [95% interval], Welch's p, the exact p, its Holm adjustment."""
+    import common
+    return [common.difference_text(c), common.p_text(c['p']), common.p_text(c['p_exact']), common.p_text(c['p_holm'])]
+
+
 def test_seeds_table_counts_learned_seeds_and_pairs_dape_with_its_baseline():
     """Per (task, encoding): seeds that reached the learned threshold on ID (not OOD), ID mean ± sample
     std over every seed, OOD over the seeds that learned (the others' figures in brackets), the per-seed
-    figures in seed order; then DAPE-X against X: the difference of the means with its 95% confidence
-    interval and Welch's p, over the learned seeds and, apart, over every seed."""
+    figures in seed order; then DAPE-X against X: the difference of the means with its 95% t interval cut to the possible range
+    (accuracy is bounded), Welch's p, the exact p and its Holm adjustment over the table's comparisons, over the
+    learned seeds and, apart, over every seed; the caption states the rule for learned with its date."""
     import common
     cells = {('reverse_string', 'alibi', 'none'): _cell('reverse_string', 'alibi', 'none',
                                                          [(2, 90.0, 65.0), (0, 80.0, 60.0), (1, 70.0, 55.0)]),
@@ -720,17 +727,37 @@ def test_seeds_table_counts_learned_seeds_and_pairs_dape_with_its_baseline():
     assert dape[3] == '2 of 3' and dape[5] == '75.0, 74.9, 100.0'  # 74.9 is below the threshold
     assert dape[6:] == ['75.0 ± 7.1', '70.0, (72.0), 80.0']
     pair = _row(table, '| reverse_string | DAPE-ALiBi vs ALiBi |')
-    learned = common.compare_means([70.0, 80.0], [60.0, 65.0])
-    every = common.compare_means([70.0, 72.0, 80.0], [60.0, 55.0, 65.0])
+    learned, every, ids = (common.compare_means(a, b, bounds=(0.0, 100.0)) for a, b in [
+        ([70.0, 80.0], [60.0, 65.0]), ([70.0, 72.0, 80.0], [60.0, 55.0, 65.0]), ([75.0, 74.9, 100.0], [80.0, 70.0, 90.0])])
+    assert common.holm_over([learned, every, ids]) == 3  # the table's three comparisons
     assert pair[2] == '2 of 3 vs 2 of 3'
-    assert pair[3:5] == [common.difference_text(learned), common.p_text(learned['p'])]
-    assert pair[5:7] == [common.difference_text(every), common.p_text(every['p'])]
-    assert pair[4] != pair[6]  # the seeds that did not learn change the test: they are not in the first
+    assert pair[3:] == _cells(learned) + _cells(every) + _cells(ids)
+    assert pair[4] != pair[8]  # the seeds that did not learn change the test: they are not in the first
+    assert -100 <= learned['ci'][0] <= learned['ci'][1] <= 100 and learned['ci_method'] == 't, clipped'
+    caption = table.splitlines()[-1]
+    assert "CHE's rule since 2026-11-24" in caption and 'for the 3 comparisons of this table' in caption
+    assert 'Smallest possible exact p: 0.33 with 2 and 2 seeds, 0.1 with 3 and 3 seeds.' in caption
     assert _row(table, '| reverse_string | Kerple |')[3] == '3 of 3'
     assert '75% for reverse_string' in table.splitlines()[-1]
     assert not any(line.startswith('| reverse_string | DAPE-Kerple') for line in table.splitlines())
-    assert _row(C.seeds_table(cells, ['reverse_string'], columns, dict(cfg, learned_frac=0.1)),
-                '| reverse_string | ALiBi |')[3] == '3 of 3'  # 55% is enough
+    other = C.seeds_table(cells, ['reverse_string'], columns, dict(cfg, learned_frac=0.1))
+    assert _row(other, '| reverse_string | ALiBi |')[3] == '3 of 3'  # 55% is enough
+    assert "this run's rule; CHE's, set on 2026-11-24, is 0.5" in other.splitlines()[-1]
+
+
+def test_holm_counts_every_comparison_of_the_table():
+    """Holm's adjustment is over every comparison of the table, not row by row: two pairs of 4 seeds fully apart
+    (exact p 2/70 each time) give six comparisons, each adjusted to at least 6 x 2/70."""
+    import common
+    figures = {'none': [(s, 60.0 + s, 50.0 + s) for s in range(4)], 'v1': [(s, 90.0 + s, 80.0 + s) for s in range(4)]}
+    cells = {('bucket_sort', pos, d): _cell('bucket_sort', pos, d, runs) for pos in ('alibi', 'kerple')
+             for d, runs in figures.items()}
+    table = C.seeds_table(cells, ['bucket_sort'], [(p, d) for d in ('none', 'v1') for p in ('alibi', 'kerple')],
+                          _cfg(seeds='0,1,2,3', learning_rate=1e-3))
+    for pair in ('| bucket_sort | DAPE-ALiBi vs ALiBi |', '| bucket_sort | DAPE-Kerple vs Kerple |'):
+        row = _row(table, pair)
+        assert row[5::4] == [common.p_text(2 / 70)] * 3 and row[6::4] == [common.p_text(6 * 2 / 70)] * 3
+    assert 'for the 6 comparisons of this table. Smallest possible exact p: 0.029 with 4 and 4 seeds.' in table
 
 
 def test_seeds_table_rows_per_learning_rate_and_unservable_runs():
@@ -745,15 +772,18 @@ def test_seeds_table_rows_per_learning_rate_and_unservable_runs():
     assert _row(table, '| even_pairs | ALiBi | 0.0001 |')[4:9] == ['0 of 2', '51.0 ± 1.4', '50.0, 52.0', '-',
                                                                   '(50.0), (51.0)']
     import common
-    c = common.compare_means([70.0, 71.0], [60.0, 62.0])
-    assert _row(table, '| even_pairs | DAPE-ALiBi vs ALiBi | 0.001 |')[4:6] == [common.difference_text(c),
-                                                                               common.p_text(c['p'])]
+    c = common.compare_means([70.0, 71.0], [60.0, 62.0], bounds=(0.0, 100.0))
+    # four comparisons in the table (the ID one at each rate, OOD at 0.001 twice), each p_exact 1/3 or 1: Holm 1
+    assert _row(table, '| even_pairs | DAPE-ALiBi vs ALiBi | 0.001 |')[4:8] == [
+        common.difference_text(c), common.p_text(c['p']), '0.33', '1']
+    assert 'for the 4 comparisons of this table' in table.splitlines()[-1]
     low = _row(table, '| even_pairs | DAPE-ALiBi | 0.0001 |')
     assert low[7:9] == ['n/s', 'n/s, 52.0']  # a run not servable at the test lengths: no mean, no test
-    assert _row(table, '| even_pairs | DAPE-ALiBi vs ALiBi | 0.0001 |')[4:8] == ['n/s'] * 4
+    assert _row(table, '| even_pairs | DAPE-ALiBi vs ALiBi | 0.0001 |')[4:12] == ['n/s'] * 8
     cells[('even_pairs', 'alibi', 'v1')]['runs'][2]['score'] = 53.0  # servable now; ALiBi learned in no seed
     table = C.seeds_table(cells, ['even_pairs'], [('alibi', 'none'), ('alibi', 'v1')], cfg)
-    assert _row(table, '| even_pairs | DAPE-ALiBi vs ALiBi | 0.0001 |')[3:6] == ['2 of 2 vs 0 of 2', 'n/a: 0 seeds', '-']
+    assert _row(table, '| even_pairs | DAPE-ALiBi vs ALiBi | 0.0001 |')[3:8] == ['2 of 2 vs 0 of 2', 'n/a: 0 seeds', '-',
+                                                                              '-', '-']
     with pytest.raises(ValueError, match='learned_frac must be in'):
         C.check_config(_cfg(learned_frac=1.5))
 
@@ -855,8 +885,9 @@ def test_dape_with_f_zero_at_init_is_a_column_of_its_own(tmp_path):
     assert _row(table, '| bucket_sort | DAPE-ALiBi (zero init) vs ALiBi |')[2] == '2 of 2 vs 2 of 2'
     # and against DAPE-ALiBi with the default init, over every seed
     against_default = _row(table, '| bucket_sort | DAPE-ALiBi (zero init) vs DAPE-ALiBi |')
-    every = common.compare_means([82.0, 88.0], [60.0, 75.0])
-    assert against_default[5:7] == [common.difference_text(every), common.p_text(every['p'])]
+    every = common.compare_means([82.0, 88.0], [60.0, 75.0], bounds=(0.0, 100.0))
+    assert against_default[7:10] == [common.difference_text(every), common.p_text(every['p']),
+                                     common.p_text(every['p_exact'])]
     assert [line.split('|')[2].strip() for line in table.splitlines()
                                                   if line.startswith('| bucket_sort |') and ' vs ' in line] == [
         'DAPE-ALiBi vs ALiBi', 'DAPE-ALiBi (zero init) vs ALiBi', 'DAPE-ALiBi (zero init) vs DAPE-ALiBi']

@@ -69,20 +69,21 @@ def test_demo_smoke_runs_end_to_end(tmp_path):
     run = subprocess.run(["bash", "demo.sh", "--smoke", "--full"], cwd=tmp_path, env=env, capture_output=True,
                          text=True)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "training 26 models, 2 at a time" in run.stdout and run.stdout.count(", resume)") == 8
+    assert "training 34 models, 2 at a time" in run.stdout and run.stdout.count(", resume)") == 8
     # the headline's models were trained to the end: counted, but not in the time per model
     headline = [f"{name}_s{k}" for name in ("kerple", "dape_kerple", "dape2_kerple") for k in (1, 2)]
     assert sorted(line.split()[2] for line in run.stdout.splitlines() if "] reused " in line) == sorted(
         headline + ["alibi_s1", "rope_s1"])
-    assert counts_of(run.stdout) == [f"[{k}/27" for k in range(1, 28)], counts_of(run.stdout)
-    assert "[27/27] done  passkey_rope_s1 in" in run.stdout
+    assert counts_of(run.stdout) == [f"[{k}/35" for k in range(1, 36)], counts_of(run.stdout)
+    assert "[35/35] done  passkey_rope_s1 in" in run.stdout
     res = tmp_path / "results" / "demo-smoke-full"
     for name in ("results.json", "results.md", "results.csv", "ppl_vs_length.png"):
         assert (res / name).stat().st_size > 0, name
     results = json.loads((res / "results.json").read_text())
     labels = ["kerple", "dape-kerple", "dapev2-kerple", "alibi", "rope", "fire", "dape-fire", "fox", "dape-fox", "path",
               "dape-path",
-              "path_fox", "dape-path_fox", "dape-kerple-zero"]
+              "path_fox", "dape-path_fox", "dape-kerple-zero", "nope+sb", "dape-nope+sb", "kerple+logn",
+              "dape-kerple+logn"]
     several = labels[:3] + labels[5:]
     assert [r["label"] for r in results["runs"]] == [l for l in labels for _ in range(2 if l in several else 1)]
     assert [(g["label"], g["n"]) for g in results["groups"]] == [(l, 2 if l in several else 1) for l in labels]
@@ -91,7 +92,8 @@ def test_demo_smoke_runs_end_to_end(tmp_path):
     # DAPE-X against X: every pair has two seeds a side, so a p-value at every length
     assert [(c["label"], c["baseline"]) for c in results["comparisons"]] == [
         ("dape-kerple", "kerple"), ("dapev2-kerple", "kerple"), ("dape-fire", "fire"), ("dape-fox", "fox"), ("dape-path", "path"),
-        ("dape-path_fox", "path_fox"), ("dape-kerple-zero", "kerple"), ("dape-kerple-zero", "dape-kerple")]
+        ("dape-path_fox", "path_fox"), ("dape-kerple-zero", "kerple"), ("dape-nope+sb", "nope+sb"),
+        ("dape-kerple+logn", "kerple+logn"), ("dape-kerple-zero", "dape-kerple")]
     assert all(p["status"] == "ok" for c in results["comparisons"] for p in c["p_value"].values())
     assert results["lengths"] == [16, 32, 64, 128, 256]  # 1x .. 16x the training length
     for run_ in results["runs"]:
@@ -135,9 +137,9 @@ def test_demo_smoke_runs_end_to_end(tmp_path):
     assert "docs/demo_ppl_vs_length.png" in section and "docs/demo_results.md" in section
     page = (tmp_path / "docs" / "demo_results.md").read_text()
     p = results["comparisons"][0]["p_value"]["16"]
-    assert f"| dape-kerple vs kerple | {p['p']:.3g} |" in page and "| dape-fox vs fox |" in page
+    assert f"| dape-kerple vs kerple | {p['p']:.3g} (exact " in page and "| dape-fox vs fox |" in page
     assert f"| dape-kerple - kerple | {p['mean_diff']:+.3f} [{p['ci'][0]:+.3f}, {p['ci'][1]:+.3f}] |" in page
-    assert "DAPE lower, Welch p < 0.05, at" in page and "below kerple at" in page
+    assert "DAPE lower, Holm-adjusted exact p < 0.05, at" in page and "below kerple at" in page
     assert "with 2 seeds of the pairs" in page and "three seeds" not in page and "runs three" not in page
     assert "This run trained 27 models and took 7 min" in page
     assert (tmp_path / "docs" / "demo_ppl_vs_length.png").exists()
@@ -187,24 +189,59 @@ def _comparison(pvalues):
                         for L, v in pvalues.items()}}
 
 
+def _seeds(mean, n=3):
+    """n seeds' perplexities around mean, as a group's stats at one length hold them."""
+    values = [mean + 0.01 * (k - (n - 1) / 2) for k in range(n)]
+    return {"status": "ok", "mean": mean, "std": 0.01 if n > 1 else None, "n": n, "values": values}
+
+
 def test_significance_is_counted_with_its_direction():
-    """A length where DAPE is significantly worse is never counted as support: lower and higher apart."""
+    """A length where DAPE is significantly worse is never counted as support: lower and higher apart. Significant
+    means the exact p adjusted by Holm's method below 0.05 (exact_tests), whatever Welch's p."""
     import demo_report
-    c = _comparison({64: (0.01, -0.1), 128: (0.01, +0.2), 256: (0.3, -0.05), 512: "n/a: 1 seed"})
-    assert demo_report.significance_text(c) == ("DAPE lower, Welch p < 0.05, at 1 of 3 lengths; "
-                                                "DAPE higher, p < 0.05, at 1 of 3")
-    assert demo_report.significance_text(_comparison({64: "n/a: 1 seed"})) is None
+    c = _comparison({64: (0.01, -0.1), 128: (0.01, +0.2), 256: (0.3, -0.05), 512: (0.001, -0.3), 1024: "n/a: 1 seed"})
+    holm = {64: 0.01, 128: 0.02, 256: 0.3, 512: 0.2}  # at 512 Welch's p is small and the exact test's is not
+    tests = {("dape-kerple", "kerple"): {L: {"status": "ok", "p_holm": p} for L, p in holm.items()}}
+    assert demo_report.significance_text(c, tests) == ("DAPE lower, Holm-adjusted exact p < 0.05, at 1 of 4 lengths; "
+                                                       "DAPE higher, Holm p < 0.05, at 1 of 4")
+    assert demo_report.significance_text(_comparison({64: "n/a: 1 seed"}), {("dape-kerple", "kerple"): {}}) is None
+
+
+def test_exact_tests_are_the_permutation_tests_of_the_seeds_with_holm_over_the_table():
+    """exact_tests: the permutation test of the seeds' perplexities wherever the evaluation made Welch's test, and
+    Holm's adjustment over all of them (the p-value table's comparisons)."""
+    import common
+    import demo_report
+    groups = [{"label": "kerple", "n": 5, "ppl": {"64": _seeds(7.0, 5), "128": _seeds(7.1, 5)}},
+              {"label": "dape-kerple", "n": 5, "ppl": {"64": _seeds(6.0, 5), "128": _seeds(7.1, 5)}},
+              {"label": "dapev2-kerple", "n": 5, "ppl": {"64": _seeds(5.0, 5), "128": _seeds(6.0, 5)}},
+              {"label": "fox", "n": 1, "ppl": {"64": _seeds(6.0, 1), "128": _seeds(6.0, 1)}}]
+    results = {"lengths": [64, 128], "groups": groups, "comparisons": [
+        _comparison({64: (0.001, -1.0), 128: (1.0, 0.0)}),
+        dict(_comparison({64: (0.001, -2.0), 128: (0.001, -1.1)}), label="dapev2-kerple"),
+        dict(_comparison({64: "n/a: 1 seed", 128: "n/a: 1 seed"}), label="dape-fox", baseline="fox")]}
+    tests = demo_report.exact_tests(results)
+    assert tests[("dape-fox", "fox")] == {} and set(tests[("dape-kerple", "kerple")]) == {64, 128}
+    t64, t128 = tests[("dape-kerple", "kerple")][64], tests[("dape-kerple", "kerple")][128]
+    assert t64["p_exact"] == common.permutation_test(groups[1]["ppl"]["64"]["values"], groups[0]["ppl"]["64"]["values"])["p"]
+    assert (t64["p_exact"], t128["p_exact"]) == (pytest.approx(2 / 252), 1.0)
+    every = [t for pair in tests.values() for t in pair.values()]  # the two pairs' four tests: one table
+    assert len(every) == 4 and [t["p_holm"] for t in every] == common.holm([t["p_exact"] for t in every])
+    assert "| dape-kerple vs kerple | 0.001 (exact 0.0079, Holm 0.032) | 1 (exact 1, Holm 1) |" in \
+        demo_report.pvalue_table(results, tests)
 
 
 def test_pvalue_table_keeps_a_pair_with_a_test_at_any_length():
     """A pair with a p-value at some lengths and none at others (a length a seed could not serve) keeps
     its row; a pair without a test at any length has none."""
     import demo_report
-    results = {"lengths": [64, 128], "comparisons": [
+    groups = [{"label": label, "n": n, "ppl": {"64": _seeds(m, n), "128": {"status": "too long"}}}
+              for label, m, n in [("kerple", 7.0, 3), ("dape-kerple", 6.9, 3), ("fox", 6.0, 1), ("dape-fox", 6.1, 1)]]
+    results = {"lengths": [64, 128], "groups": groups, "comparisons": [
         _comparison({64: (0.02, -0.1), 128: "too long"}),
         dict(_comparison({64: "n/a: 1 seed", 128: "n/a: 1 seed"}), label="dape-fox", baseline="fox")]}
-    table = demo_report.pvalue_table(results)
-    assert "| dape-kerple vs kerple | 0.02 | too long |" in table and "dape-fox" not in table
+    table = demo_report.pvalue_table(results, demo_report.exact_tests(results))
+    assert "| dape-kerple vs kerple | 0.02 (exact 0.1, Holm 0.1) | too long |" in table and "dape-fox" not in table
     assert "| dape-kerple - kerple | -0.100 [-1.100, +0.900] | too long |" in demo_report.difference_table(results)
 
 
@@ -212,9 +249,8 @@ def test_report_states_the_seeds_it_was_given(tmp_path, monkeypatch):
     """The number of seeds in the text is the number in results.json (here 5), never a fixed one."""
     import demo_report
     lengths = [64, 128]
-    stat = lambda m, n: {"status": "ok", "mean": m, "std": 0.1 if n > 1 else None, "n": n}
     groups = [{"label": label, "n": n, "seeds": list(range(1, n + 1)),
-               "ppl": {str(L): stat(6.0 - i, n) for L in lengths}, "bpb": {str(L): stat(2.5, n) for L in lengths}}
+               "ppl": {str(L): _seeds(6.0 - i, n) for L in lengths}, "bpb": {str(L): _seeds(2.5, n) for L in lengths}}
               for i, (label, n) in enumerate([("kerple", 5), ("dape-kerple", 5), ("alibi", 1)])]
     results = {"lengths": lengths, "protocol": {"eval_tokens": 8, "num_windows": 2},
                "runs": [{"model_args": {"n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 64}, "iter_num": 10}],
@@ -229,17 +265,18 @@ def test_report_states_the_seeds_it_was_given(tmp_path, monkeypatch):
     readme, page = (tmp_path / "README.md").read_text(), (tmp_path / "docs" / "demo_results.md").read_text()
     assert "Measured by `bash demo.sh --seeds=5`" in readme and "5 seeds of kerple, dape-kerple" in readme
     assert readme.startswith("intro\n") and readme.endswith("\nend\n")
-    assert "(two-sided p; 5 seeds a\nside)" in page and "with 5 seeds of the pairs" in page
+    assert "two-sided p (5 seeds a side)" in page and "with 5 seeds of the pairs" in page
     assert "three" not in page + readme
-    assert "DAPE lower, Welch p < 0.05, at 1 of 2 lengths" in page
+    # 5 seeds a side fully apart: exact p 2/252 at each length, Holm over the 2 tests below 0.05 at both
+    assert "DAPE lower, Holm-adjusted exact p < 0.05, at 2 of 2 lengths" in page
+    assert "Smallest possible exact p: 0.0079 with 5 and 5 seeds." in page and "can reach" not in page
 
 
 def test_observations_cover_every_pair_the_evaluation_made():
     """DAPE-X with f zero at step 0 is set against X and against DAPE-X (the evaluation's pairs), though its
     label is not 'dape-' + X; a DAPE group without a pair gets no line."""
     import demo_report
-    stat = lambda m: {"status": "ok", "mean": m, "std": 0.1, "n": 3}
-    groups = [{"label": label, "ppl": {"64": stat(m), "128": stat(m + 0.1)}}
+    groups = [{"label": label, "n": 3, "ppl": {"64": _seeds(m), "128": _seeds(m + 0.1)}}
               for label, m in [("kerple", 7.0), ("dape-kerple", 6.8), ("dape-kerple-zero", 6.9), ("dape-fox", 6.5)]]
     pair = lambda a, b: dict(_comparison({64: (0.01, -0.2), 128: (0.3, -0.1)}), label=a, baseline=b)
     results = {"lengths": [64, 128], "groups": groups,
@@ -249,15 +286,18 @@ def test_observations_cover_every_pair_the_evaluation_made():
     assert [line.split(" (")[0] for line in lines] == [
         "- dape-kerple below kerple at 2 of 2 lengths", "- dape-kerple-zero below kerple at 2 of 2 lengths",
         "- dape-kerple-zero below dape-kerple at 0 of 2 lengths"]
-    assert all(line.endswith("DAPE lower, Welch p < 0.05, at 1 of 2 lengths; DAPE higher, p < 0.05, at 0 of 2")
-               for line in lines)
+    # 3 seeds a side: the exact p is 0.1 at best, so nothing is significant, whatever Welch's p
+    assert all(line.endswith("DAPE lower, Holm-adjusted exact p < 0.05, at 0 of 2 lengths; DAPE higher, Holm p < 0.05, "
+                             "at 0 of 2") for line in lines)
 
 
 def test_every_figure_of_the_report_comes_from_its_files(tmp_path):
     """The published run's files with every measured number changed: no figure of the original report is
     left in the new one, so none is typed into a template. What stays is cited (the paper's Table 5) or a
-    rule (the significance level)."""
+    rule (the significance level, the smallest p the seed counts allow); the exact test's p, which takes few
+    values, is checked against the test recomputed from the changed files."""
     import re as _re
+    import common
     import demo_report
     saved = os.path.join(ROOT, "docs", "results", "demo")
     copy = tmp_path / "demo"
@@ -288,14 +328,24 @@ def test_every_figure_of_the_report_comes_from_its_files(tmp_path):
     if md.exists():
         md.write_text(_re.sub(r"\d+(\.\d+)?", lambda m: f"{float(m[0]) + 1.2345:.{len(m[1] or '.') - 1}f}",
                               md.read_text()))
+    # The exact test's p takes only the few values k / C(n_a + n_b, n_a) that the seed counts (kept) allow, so a
+    # changed file may leave one where it was: those cells are checked against the test recomputed from the
+    # changed file instead, and the smallest p the seed counts allow is a rule, as the significance level is
+    exact_cell = _re.compile(r" \(exact [^,]+, Holm [^)]+\)")
+    changed_results = json.loads((copy / "results.json").read_text())
+    tests = demo_report.exact_tests(changed_results)
+    changed_text = "\n".join(demo_report.render(str(copy)))
+    assert exact_cell.findall(changed_text) == [
+        f" (exact {common.p_text(t['p_exact'])}, Holm {common.p_text(t['p_holm'])})" for c in changed_results["comparisons"]
+        for L, t in tests[(c["label"], c["baseline"])].items()]
     # the two texts have the same shape, so their figures pair up in order: a figure typed into a template is
     # one that stays where it was
     number = _re.compile(r"[-+]?(?<![\w.])\d+\.\d+(?:e[-+]\d+)?(?![\w.])")  # 6.7e-05 too
-    changed_text = "\n".join(demo_report.render(str(copy)))
-    original = number.findall("\n".join(demo_report.render(saved)))
-    changed = number.findall(changed_text)
+    original = number.findall(exact_cell.sub("", "\n".join(demo_report.render(saved))))
+    changed = number.findall(exact_cell.sub("", changed_text))
     assert len(original) == len(changed) > 100
-    cited = set(number.findall(demo_report.PAPER_TABLE_5)) | {"0.05"}
+    smallest = {f"{t['p_min']:.2g}" for pair in tests.values() for t in pair.values()}
+    cited = set(number.findall(demo_report.PAPER_TABLE_5)) | {"0.05"} | smallest
     left = [a for a, b in zip(original, changed) if a == b and a not in cited]
     assert not left, f"figures that did not change with the files: {left[:20]}"
     # percentages ('60% in one seed') may come and go with the numbers, so they are compared as sets
@@ -311,8 +361,8 @@ def test_below_counts_strict_differences_at_lengths_with_both_perplexities():
     """'below X at k of n lengths': a tie is not below, and a length where either model has no perplexity is
     not counted at all."""
     import demo_report
-    stat = lambda m: {"status": "ok", "mean": m, "std": 0.1, "n": 3} if m else {"status": "too long"}
-    groups = [{"label": label, "ppl": {L: stat(m) for L, m in zip(("64", "128", "256"), values)}}
+    stat = lambda m: _seeds(m) if m else {"status": "too long"}
+    groups = [{"label": label, "n": 3, "ppl": {L: stat(m) for L, m in zip(("64", "128", "256"), values)}}
               for label, values in [("kerple", (6.5, 7.0, 6.0)), ("dape-kerple", (6.0, 7.0, None))]]
     results = {"lengths": [64, 128, 256], "groups": groups,
                "comparisons": [_comparison({64: (0.01, -0.5), 128: (0.9, 0.0), 256: "too long"})]}

@@ -176,6 +176,18 @@ def test_evaluate_protocol_tables_and_files(tmp_path):
     (cmp,) = res['comparisons']
     assert (cmp['label'], cmp['baseline']) == ('dape-kerple', 'kerple')
     assert 0 <= cmp['p_value'][64]['p'] <= 1 and cmp['p_value'][4096] == {'status': 'too long'}
+    # beside Welch's p, the exact permutation test (2 seeds a side: 6 splits, p at least 2/6) and its Holm
+    # adjustment over the table's tests (the four lengths each model can serve)
+    vals = lambda label, L: groups[label]['ppl'][L]['values']
+    tests = [cmp['p_value'][L] for L in (16, 32, 64, 128)]
+    assert [t['p_exact'] for t in tests] == [common.permutation_test(vals('dape-kerple', L), vals('kerple', L))['p']
+                                             for L in (16, 32, 64, 128)]
+    assert tests[0]['p_min'] == pytest.approx(1 / 3) and [t['p_holm'] for t in tests] == common.holm(
+        [t['p_exact'] for t in tests])
+    table = E.pvalue_table(res['comparisons'], res['lengths'])
+    assert f"{tests[2]['p']:.3g} (exact {common.p_text(tests[2]['p_exact'])}, Holm {common.p_text(tests[2]['p_holm'])})" \
+        in table.splitlines()[2]
+    assert 'for the 4 comparisons of this table. Smallest possible exact p: 0.33 with 2 and 2 seeds.' in table
     # ppl and bpb are consistent; byte data gets bits per byte
     r = by_name['kerple_s1']['results'][64]
     assert r['ppl'] == pytest.approx(math.exp(r['loss'])) and r['bpb'] == pytest.approx(r['loss'] / math.log(2))
@@ -190,7 +202,7 @@ def test_evaluate_protocol_tables_and_files(tmp_path):
     assert len(ends) == 4 and saved['runs'][0]['results']['64']['window_loss']
     md = open(os.path.join(out, 'results.md')).read()
     for s in ('| model | n | 16 | 32 | 64 | 128 | 4096 |', 'dape-kerple', 'n/a: learned', 'too long', 'Bits per byte',
-              "Welch", '±'):
+              "Welch", '±', 'exact permutation test', 'Holm'):
         assert s in md
     rows = open(os.path.join(out, 'results.csv')).read().strip().splitlines()
     assert rows[0] == 'run,model,seed,metric,16,32,64,128,4096' and len(rows) == 1 + 5 * 2  # ppl and bpb
@@ -395,6 +407,11 @@ def test_default_lengths_and_labels(tmp_path):
             {'model_args': dict(base, pos='alibi', dape='v1', dape_variant='add_residual'), 'data_dir': 'd'}]
     assert common.auto_labels(runs) == ['kerple[n_layer=2]', 'dapev2-kerple-k5', 'kerple[n_layer=4]',
                                    'dape-alibi[add_residual]']
+    # the attention's options name the run, so that a plain run keeps its label beside them
+    runs = [{'model_args': dict(base, pos=p, **kw), 'data_dir': 'd'} for p, kw in [
+        ('kerple', {}), ('kerple', dict(logn_scale='learned')), ('kerple', dict(dape='v1', logn_scale='fixed')),
+        ('nope', dict(attn='stickbreaking')), ('nope', dict(attn='stickbreaking', sb_current=True, dape='v1'))]]
+    assert common.auto_labels(runs) == ['kerple', 'kerple+logn', 'dape-kerple+logn-fixed', 'nope+sb', 'dape-nope+sbc']
 
 
 def test_labels_override_and_user_errors(tmp_path):
@@ -562,6 +579,19 @@ def test_cli_positional_checkpoints_and_error_exit(tmp_path):
 # statistics
 
 
+def test_holm_is_over_every_test_of_the_pvalue_table():
+    """holm_table adjusts the exact p over every pair and length of the table, a length without a test left out."""
+    def comparison(label, pairs):
+        return {'label': label, 'baseline': 'kerple', 'p_value': {
+            L: {'status': 'too long'} if v is None else
+            dict(common.compare_means(*v), mean_diff=0.0) for L, v in pairs.items()}}
+    apart = ([1.0, 1.1, 1.2, 1.3], [2.0, 2.1, 2.2, 2.3])  # exact p 2/70
+    comparisons = [comparison('dape-kerple', {16: apart, 32: None}), comparison('dapev2-kerple', {16: apart, 32: apart})]
+    assert E.holm_table(comparisons, [16, 32]) == 3
+    assert [c['p_value'][L].get('p_holm') for c in comparisons for L in (16, 32)] == pytest.approx(
+        [3 * 2 / 70, None, 3 * 2 / 70, 3 * 2 / 70])
+
+
 def test_welch_ttest_known_values():
     # scipy.stats.ttest_ind(a, b, equal_var=False), computed once with scipy 1.17
     t, df, p = common.welch_ttest([4.5123, 4.4875, 4.5371], [4.5817, 4.5565, 4.6069])
@@ -612,6 +642,9 @@ def test_welch_matches_scipy_on_random_inputs():
     dict(pos='kerple', dape='none'),
     dict(pos='fox', dape='v1'),
     dict(pos='fox', dape='none'),
+    dict(pos='kerple', dape='v1', attn='stickbreaking'),
+    dict(pos='nope', dape='none', attn='stickbreaking', sb_current=True, logn_scale='learned'),
+    dict(pos='alibi', dape='v2', logn_scale='fixed'),
 ])
 def test_visualized_terms_reproduce_the_layer(kw):
     """A, B and f recomputed for chosen query rows give back the layer's actual output, and the terms
@@ -625,8 +658,13 @@ def test_visualized_terms_reproduce_the_layer(kw):
         rows = [0, 17, 49]
         t = V.layer_terms(model.transformer.h[layer].attn, c['x'], c['pe'], c['pos_q'], rows)
         torch.testing.assert_close(t['out'], c['out'][0, rows], rtol=1e-4, atol=1e-6)
-        torch.testing.assert_close(t['att'].sum(-1), torch.ones(2, 3))
-        assert (t['att'][:, 0, 1:] == 0).all()  # causal: row 0 sees key 0 only
+        if kw.get('attn') == 'stickbreaking':  # the weights of a broken stick sum to at most 1
+            assert (t['att'].sum(-1) <= 1 + 1e-6).all() and (t['att'][:, 0, 1:] == 0).all()
+            if not kw.get('sb_current'):  # keys before the query only: row 0 sees none
+                assert (t['att'][:, 0] == 0).all()
+        else:
+            torch.testing.assert_close(t['att'].sum(-1), torch.ones(2, 3))
+            assert (t['att'][:, 0, 1:] == 0).all()  # causal: row 0 sees key 0 only
         if kw['dape'] == 'none':
             assert t['f'] is None
         if kw.get('dape_variant', 'concat_residual') == 'concat_residual' and kw['pos'] in ('kerple', 'fox') and \

@@ -500,8 +500,10 @@ def test_a_seed_exactly_at_the_learned_threshold_counts_as_learned():
 
 
 def test_dape_against_its_baseline_over_learned_and_all_seeds():
-    """DAPE-X minus X per length: the difference of the mean exact match with its 95% confidence interval
-    and Welch's p (common.compare_means), over the seeds that learned retrieval and, apart, over all."""
+    """DAPE-X minus X per length: the difference of the mean exact match with its 95% t interval cut to the possible range (exact
+    match is bounded: the interval stays within -100..100 points), Welch's p and the exact p (common.compare_means),
+    over the seeds that learned retrieval and, apart, over all; the exact p adjusted by Holm's method over every
+    comparison of the table, which its caption counts."""
     import common
     rows = [_row('d_s1', 'dape-kerple', 1, [1.0, 0.9]), _row('d_s2', 'dape-kerple', 2, [1.0, 0.7]),
             _row('d_s3', 'dape-kerple', 3, [0.0, 0.0]),
@@ -510,12 +512,21 @@ def test_dape_against_its_baseline_over_learned_and_all_seeds():
     groups = EP.group_rows(rows, [128, 256], 0.5)
     c, = EP.compare_groups(groups, [128, 256])
     assert (c['label'], c['baseline'], c['learned']) == ('dape-kerple', 'kerple', [2, 3, 3, 3])
-    assert c['learned_seeds'][256] == common.compare_means([0.9, 0.7], [0.2, 0.4, 0.1])
-    assert c['all_seeds'][256] == common.compare_means([0.9, 0.7, 0.0], [0.2, 0.4, 0.1])
+    without_holm = lambda x: {k: v for k, v in x.items() if k != 'p_holm'}
+    assert without_holm(c['learned_seeds'][256]) == common.compare_means([0.9, 0.7], [0.2, 0.4, 0.1], bounds=(0, 1))
+    assert without_holm(c['all_seeds'][256]) == common.compare_means([0.9, 0.7, 0.0], [0.2, 0.4, 0.1], bounds=(0, 1))
+    # Holm over the table: learned and all seeds at both lengths, 128 too (every seed at 100% or near: a test)
+    tests = EP.table_tests([c], [128, 256])
+    assert len(tests) == 4 and [t['p_holm'] for t in tests] == common.holm([t['p_exact'] for t in tests])
     table = EP.comparison_table([c], [128, 256], markdown=True)
-    learned = common.compare_means([90, 70], [20, 40, 10])
+    learned = c['learned_seeds'][256]
+    pct = dict(learned, diff=100 * learned['diff'], ci=[100 * x for x in learned['ci']])
+    assert -100 <= pct['ci'][0] <= pct['ci'][1] <= 100
     line = next(x for x in table.splitlines() if x.startswith('| dape-kerple - kerple | learned | 2 of 3 vs 3 of 3 |'))
-    assert line.endswith(f"| {common.difference_text(learned, '{:+.0f}')}, p {common.p_text(learned['p'])} |")
+    assert line.endswith(f"| {common.difference_text(pct, '{:+.0f}')}, p {common.p_text(learned['p'])}, "
+                         f"exact {common.p_text(learned['p_exact'])}, Holm {common.p_text(learned['p_holm'])} |")
+    caption = EP.comparison_caption([c], [128, 256])
+    assert 'for the 4 comparisons of this table' in caption and '0.2 with 2 and 3 seeds, 0.1 with 3 and 3 seeds' in caption
 
 
 def test_tables_from_a_results_file(tmp_path):
@@ -534,6 +545,9 @@ def test_tables_from_a_results_file(tmp_path):
     assert '| kerple | 1,2 | 2 of 2 | 100% ± 0 | 40% ± 14 |' in text
     assert '| k_s2 | 100% | 30% |' in text
     assert 'mean ± sample std over seeds 1,2;' in text
+    # the rule for learned, with the day it was set
+    assert 'learned: seeds with an exact match of at least 50% at their training length (the rule since 2026-11-24)' in text
+    assert EP.learned_text(0.7).endswith("(this evaluation's rule; the standing one, set on 2026-11-24, is 50%)")
     # models over different seeds: the header must not claim one set for all of them
     text = tables(rows + [_row('r_s3', 'rope', 3, [1.0, 0.0])])
     assert "mean ± sample std over each model's seeds (its seeds column);" in text and 'seeds 1,2,3' not in text

@@ -127,3 +127,21 @@ def test_other_test_distributions_are_summarized_and_tabled():
     summary = che_tasks.summary_table({('flip_flop', 'fox', 'none'): cell}, ['flip_flop'], [('fox', 'none')])
     assert "OOD dense max | OOD dense mean | OOD sparse max | OOD sparse mean |" in summary
     assert summary.splitlines()[-1].endswith("| 99.00 | 98.00 | 70.00 | 60.00 | - |")
+
+
+def test_a_grid_column_takes_the_attention_options():
+    """'nope+sb' and 'kerple+logn' in a grid's encodings build stick-breaking and log-length-scaled models
+    (common.pos_options), with DAPE too, label their columns apart from the plain encoding, and an unknown
+    option is an error naming the ones there are."""
+    task = che_tasks.TASKS['flip_flop']
+    cfg = dict({k: getattr(che_tasks, k) for k in che_tasks.config_keys}, task="flip_flop", train_max_len=8)
+    sb = che_tasks.build_model(task, dict(cfg, pos='nope+sb', dape='v1'), config_only=True)
+    assert (sb.pos, sb.attn, sb.sb_current, sb.logn_scale, sb.dape) == ('nope', 'stickbreaking', False, 'none', 'v1')
+    logn = che_tasks.build_model(task, dict(cfg, pos='kerple+sbc+logn-fixed'), config_only=True)
+    assert (logn.pos, logn.attn, logn.sb_current, logn.logn_scale) == ('kerple', 'stickbreaking', True, 'fixed')
+    plain = che_tasks.build_model(task, dict(cfg, pos='kerple'), config_only=True)
+    assert (plain.attn, plain.logn_scale) == ('softmax', 'none')
+    assert che_tasks.encoding_label('nope+sb', 'v1') == 'DAPE-NoPE+sb'
+    assert che_tasks.encoding_label('kerple+logn', 'none') == 'Kerple+logn'
+    with pytest.raises(ValueError, match=r"unknown option '\+softmax'.*\+sb, \+sbc, \+logn, \+logn-fixed"):
+        che_tasks.build_model(task, dict(cfg, pos='kerple+softmax'), config_only=True)

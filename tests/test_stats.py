@@ -1,0 +1,312 @@
+"""common.py's statistics for a few seeds a side: the exact permutation test, Holm's adjustment, Welch's t
+interval of a bounded difference cut to the possible range, and compare_means, which carries them into the tables. Each is checked
+against a computation by hand or by its definition, and, where scipy is installed (bash test.sh installs it),
+against scipy.stats."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+import common
+
+
+# -----------------------------------------------------------------------------
+# the exact permutation test
+
+
+def permutation_p_by_definition(a, b):
+    """The two-sided p over every ordering of the pooled values (each split of the runs then counted
+    len(a)! len(b)! times, so the shares are those over splits): twice the smaller share of orderings whose
+    difference of means is at most / at least the observed one, capped at 1."""
+    x, na = list(a) + list(b), len(a)
+    observed = np.mean(a) - np.mean(b)
+    diffs = np.array([np.mean(p[:na]) - np.mean(p[na:]) for p in itertools.permutations(x)])
+    less, greater = np.mean(diffs <= observed + 1e-9), np.mean(diffs >= observed - 1e-9)
+    return min(1.0, 2 * min(less, greater))
+
+
+def test_permutation_test_by_hand():
+    # fully apart, 3 and 3: only the observed split of the 20 is as extreme on its side, p = 2 / 20
+    assert common.permutation_test([4.0, 5.0, 6.0], [1.0, 2.0, 3.0]) == {'p': 0.1, 'p_min': 0.1, 'splits': 20,
+                                                                       'exact': True}
+    # every seed at 0% against every seed at 100%: ties within each side, still the smallest p
+    assert common.permutation_test([0.0] * 3, [100.0] * 3)['p'] == pytest.approx(0.1)
+    # identical groups, also where the values' sums round differently in different orders
+    assert common.permutation_test([1.0, 2.0, 3.0], [3.0, 1.0, 2.0])['p'] == 1.0
+    assert common.permutation_test([0.1, 0.2, 0.3], [0.3, 0.1, 0.2])['p'] == 1.0
+    # (scipy 1.17 gives 0.886 here: its tolerance is relative to the observed difference, which is 0; ours is
+    # floored at the data's scale)
+    assert common.permutation_test([0.2, 0.9, 0.5, 0.3], [0.5, 0.3, 0.2, 0.9])['p'] == 1.0
+    assert common.permutation_test([5.0, 5.0], [5.0, 5.0, 5.0])['p'] == 1.0  # no spread at all
+    # one run against three, the largest: 1 of the 4 splits is as extreme on its side, p = 2 x 1/4 (twice the
+    # smaller tail, as scipy computes it; counting |difference| would give 1/4 here)
+    assert common.permutation_test([7.0], [1.0, 2.0, 3.0]) == {'p': 0.5, 'p_min': 0.5, 'splits': 4, 'exact': True}
+    assert common.permutation_test([1.0], [2.0])['p'] == 1.0
+    with pytest.raises(ValueError):
+        common.permutation_test([], [1.0, 2.0])
+
+
+@pytest.mark.parametrize('na, nb', [(1, 1), (1, 3), (2, 2), (3, 3), (2, 5), (5, 5), (4, 6), (10, 10)])
+def test_the_smallest_p_is_two_over_the_number_of_splits(na, nb):
+    """Runs fully apart give the smallest p the sample sizes allow, 2 / C(na + nb, na) (capped at 1), and
+    every p of those sizes is at least that."""
+    low, high = np.arange(nb, dtype=float), 100.0 + np.arange(na)
+    r = common.permutation_test(high, low)
+    assert r['p'] == r['p_min'] == pytest.approx(min(1.0, 2 / math.comb(na + nb, na)), rel=1e-12)
+    assert r['exact'] and r['splits'] == math.comb(na + nb, na)
+    rng = np.random.default_rng(na * 100 + nb)
+    for _ in range(5):
+        assert common.permutation_test(rng.normal(size=na), rng.normal(size=nb))['p'] >= r['p_min'] - 1e-12
+
+
+def test_permutation_test_against_its_definition_with_one_run_a_side_and_ties():
+    """Where scipy cannot go (it needs two runs a side), and with ties: every ordering of the pooled runs."""
+    rng = np.random.default_rng(0)
+    cases = [([7.0], [1.0, 2.0, 3.0]), ([0.0], [0.0, 100.0, 100.0, 100.0]), ([2.0, 2.0], [1.0, 2.0, 3.0, 3.0]),
+             ([0.0, 10.0], [1.0, 2.0, 3.0, 4.0]), ([5.0, 6.0], [1.0, 2.0, 8.0])]
+    cases += [(list(rng.integers(0, 3, size=na).astype(float)), list(rng.integers(0, 3, size=6 - na).astype(float)))
+              for na in (1, 2, 3) for _ in range(3)]
+    for a, b in cases:
+        assert common.permutation_test(a, b)['p'] == pytest.approx(permutation_p_by_definition(a, b), abs=1e-12), (a, b)
+
+
+def test_permutation_test_beyond_the_exact_limit_draws_seeded_splits():
+    """11 runs a side have more splits than EXACT_MAX: PERMUTATION_DRAWS random ones, seeded, the observed split
+    counted as one more, so that runs fully apart give 2 / (draws + 1) or a little more, never 0."""
+    assert math.comb(22, 11) > common.EXACT_MAX
+    r = common.permutation_test(100.0 + np.arange(11), np.arange(11.0))
+    assert not r['exact'] and r['splits'] == common.PERMUTATION_DRAWS
+    assert r['p_min'] == pytest.approx(2 / (common.PERMUTATION_DRAWS + 1))
+    assert r['p_min'] <= r['p'] <= 3 * r['p_min']
+    same = np.linspace(0.0, 1.0, 11)
+    assert common.permutation_test(same, same[::-1])['p'] == 1.0
+    rng = np.random.default_rng(3)
+    a, b = rng.normal(size=11), rng.normal(0.3, size=11)
+    assert common.permutation_test(a, b) == common.permutation_test(a, b)  # seeded: the same on every run
+
+
+PERMUTATION_CASES = [  # (a, b): several sizes, ties, no spread on a side, percentages at their bounds
+    ([0.3, 1.2], [0.5, -0.4]),
+    ([0.5, 0.4, 0.9], [0.0, 0.7, 0.6]),  # splits that tie with the observed one only up to rounding
+    ([1.3, 0.2, 2.2], [0.1, -0.5, 0.4]),
+    ([2.0, 2.0, 1.0], [1.0, 0.0, 1.0, 0.0, 2.0]),
+    ([50.0, 50.0, 50.0], [40.0, 61.0, 45.0]),
+    ([0.0, 0.0, 100.0], [100.0, 100.0, 100.0, 0.0]),
+    ([100.0, 100.0], [100.0, 100.0, 100.0]),
+]
+
+
+def test_permutation_test_against_scipy():
+    """scipy.stats.permutation_test on the difference of means, two-sided, every split (n_resamples=np.inf)."""
+    stats = pytest.importorskip('scipy.stats')
+
+    def scipy_p(a, b):
+        return stats.permutation_test((np.asarray(a, float), np.asarray(b, float)),
+                                      lambda x, y, axis: x.mean(axis=axis) - y.mean(axis=axis), vectorized=True,
+                                      permutation_type='independent', alternative='two-sided',
+                                      n_resamples=np.inf).pvalue
+    rng = np.random.default_rng(1)
+    cases = list(PERMUTATION_CASES)
+    for na, nb in [(2, 2), (2, 5), (3, 3), (4, 6), (5, 5), (3, 7), (10, 10)]:
+        cases.append((rng.normal(size=na), rng.normal(0.8, size=nb)))
+        cases.append((rng.integers(0, 4, size=na).astype(float), rng.integers(1, 5, size=nb).astype(float)))  # ties
+    for a, b in cases:
+        assert common.permutation_test(a, b)['p'] == pytest.approx(scipy_p(a, b), abs=1e-12), (a, b)
+
+
+def test_permutation_test_draws_against_scipy():
+    """Beyond EXACT_MAX splits: within Monte Carlo error of scipy's p over every split."""
+    stats = pytest.importorskip('scipy.stats')
+    rng = np.random.default_rng(2)
+    a, b = rng.normal(size=11), rng.normal(0.9, size=11)
+    want = stats.permutation_test((a, b), lambda x, y, axis: x.mean(axis=axis) - y.mean(axis=axis), vectorized=True,
+                                  permutation_type='independent', n_resamples=np.inf, batch=100_000).pvalue
+    got = common.permutation_test(a, b)['p']
+    assert abs(got - want) < 5 * math.sqrt(want * (1 - want) / common.PERMUTATION_DRAWS) + 1e-4, (got, want)
+
+
+# -----------------------------------------------------------------------------
+# Holm's adjustment
+
+
+def holm_by_definition(pvalues):
+    """Each hypothesis's adjusted p as the smallest level at which Holm's procedure, run as stated, rejects it:
+    in ascending order of p, reject the k-th (from 1) while p_(k) <= level / (m - k + 1), stop at the first that
+    is not; the levels worth trying are the values (m - k + 1) p_(k) (capped at 1), else 1."""
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: pvalues[i])
+
+    def rejected(level):
+        out = set()
+        for k, i in enumerate(order, 1):
+            if pvalues[i] > level / (m - k + 1) + 1e-12:  # (a level of exactly (m - k + 1) p_(k) rejects it)
+                break
+            out.add(i)
+        return out
+    levels = sorted({min(1.0, (m - k + 1) * pvalues[i]) for k, i in enumerate(order, 1)})
+    return [next((lv for lv in levels if i in rejected(lv)), 1.0) for i in range(m)]
+
+
+def test_holm_by_hand():
+    # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1: 0.02, 0.03, 0.06, 0.04 -> 0.04 rises to 0.06, the order kept
+    assert common.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert common.holm([0.6, 0.7]) == [1.0, 1.0]  # capped at 1
+    assert common.holm([0.02]) == [0.02]
+    # no test: not counted, left as it is
+    assert common.holm([None, 0.02, None, 0.04]) == pytest.approx([None, 0.04, None, 0.04])
+    assert common.holm([0.01, 0.01, 0.2]) == pytest.approx([0.03, 0.03, 0.2])  # ties
+
+
+def test_holm_against_its_definition():
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        m = int(rng.integers(1, 9))
+        p = [float(v) for v in np.round(rng.uniform(0, 0.6, size=m) ** 2, 3)]  # small, with ties, some capped
+        assert common.holm(p) == pytest.approx(holm_by_definition(p), abs=1e-12), p
+
+
+# -----------------------------------------------------------------------------
+# Welch's t interval of a bounded difference, cut to the possible range
+
+
+# the t distribution's 97.5% point in closed form: with 1 degree of freedom it is Cauchy's, tan(pi (p - 1/2)); with
+# 2, (2p - 1) / sqrt(2 p (1 - p))
+T975_DF1 = math.tan(0.475 * math.pi)  # 12.706...
+T975_DF2 = 0.95 / math.sqrt(2 * 0.975 * 0.025)  # 4.303...
+
+
+def test_clipped_interval_by_hand():
+    """Without scipy: cases whose Welch-Satterthwaite df is a whole 1 or 2, where the t quantile has a closed form."""
+    # a = {50, 52}, b = {40, 40}: the difference's variance 2/2 + 0 = 1 on df = 1^2 / (1^2 / 1) = 1; 11 +- 12.71,
+    # inside -100..100, so the cut leaves it (a lower end below 0 that a cut to 0..100 would lose)
+    c = common.compare_means([50.0, 52.0], [40.0, 40.0], bounds=(0.0, 100.0))
+    assert c['df'] == pytest.approx(1.0) and c['ci_method'] == 't, clipped'
+    assert c['ci'] == pytest.approx([11 - T975_DF1, 11 + T975_DF1], rel=1e-9)
+    assert c['ci'] == pytest.approx(common.compare_means([50.0, 52.0], [40.0, 40.0])['ci'], rel=1e-12)
+    # two a side with the same variance 2: the difference's variance 1 + 1 = 2 on df = 2^2 / (1 + 1) = 2; -30 +- 6.08
+    c = common.compare_means([30.0, 32.0], [60.0, 62.0], bounds=(0.0, 100.0))
+    assert c['df'] == pytest.approx(2.0)
+    assert c['ci'] == pytest.approx([-30 - T975_DF2 * math.sqrt(2), -30 + T975_DF2 * math.sqrt(2)], rel=1e-9)
+    # a = {90, 100}, b = {10, 10}: 85 +- 5 x 12.71 = [21.5, 148.5], cut at +100 (not at a side's own bounds)
+    c = common.compare_means([90.0, 100.0], [10.0, 10.0], bounds=(0.0, 100.0))
+    assert c['ci'] == pytest.approx([85 - 5 * T975_DF1, 100.0], rel=1e-9) and c['diff'] == 85.0
+    assert common.compare_means([90.0, 100.0], [10.0, 10.0])['ci'][1] == pytest.approx(85 + 5 * T975_DF1, rel=1e-9)
+    # on 0..1, cut below: a = {0, 0.1}, b = {0.9, 1}: -0.9 +- 4.30 x sqrt(0.005) = [-1.204, -0.596], cut at -1
+    c = common.compare_means([0.0, 0.1], [0.9, 1.0], bounds=(0.0, 1.0))
+    assert c['ci'] == pytest.approx([-1.0, -0.9 + T975_DF2 * math.sqrt(0.005)], rel=1e-9)
+    # cut at both ends: a = {0, 100}, b = {100, 0}: 0 +- 4.30 x 70.7, the whole range
+    assert common.compare_means([0.0, 100.0], [100.0, 0.0], bounds=(0.0, 100.0))['ci'] == [-100.0, 100.0]
+    # neither side varies: the difference alone, a single point
+    assert common.compare_means([1.0, 1.0], [0.0, 0.0], bounds=(0.0, 1.0))['ci'] == [1.0, 1.0]
+    assert common.compare_means([100.0] * 3, [0.0] * 3, bounds=(0.0, 100.0))['ci'] == [100.0, 100.0]
+    assert common.compare_means([80.0] * 2, [30.0] * 3, bounds=(0.0, 100.0))['ci'] == [50.0, 50.0]
+    assert common.compare_means([100.0] * 3, [100.0] * 2, bounds=(0.0, 100.0))['ci'] == [0.0, 0.0]
+
+
+def test_values_outside_the_bounds_are_an_error():
+    with pytest.raises(ValueError, match='outside the bounds'):
+        common.compare_means([101.0, 50.0], [0.0, 1.0], bounds=(0.0, 100.0))
+    with pytest.raises(ValueError, match='outside the bounds'):
+        common.compare_means([0.5, 0.9], [-0.1, 0.2], bounds=(0.0, 1.0))
+    with pytest.raises(ValueError, match='outside the bounds'):  # percentages given the bounds of fractions
+        common.compare_means([90.0, 80.0], [0.5, 0.6], bounds=(0.0, 1.0))
+    # a mean of per-length accuracies may round a hair past its bound: not an error, and the interval holds diff
+    c = common.compare_means([1.0 + 1e-12, 1.0 + 1e-12], [0.0, 0.0], bounds=(0.0, 1.0))
+    assert c['ci'][0] <= c['diff'] <= c['ci'][1] <= 1.0 + 1e-11
+    assert common.compare_means([0.5], [101.0, 0.0], bounds=(0.0, 100.0))['status'] == 'n/a: 1 seed'  # no test
+
+
+def scipy_welch_interval(stats, a, b):
+    ci = stats.ttest_ind(np.asarray(a, float), np.asarray(b, float), equal_var=False).confidence_interval(0.95)
+    return float(ci.low), float(ci.high)
+
+
+@pytest.mark.filterwarnings('ignore:Precision loss occurred:RuntimeWarning')  # scipy, on a side without spread
+def test_clipped_interval_against_scipy():
+    """scipy.stats.ttest_ind(equal_var=False).confidence_interval(): the same interval where it lies within
+    [lo - hi, hi - lo]; where it reaches past, the end past it cut there and the other end scipy's."""
+    stats = pytest.importorskip('scipy.stats')
+    rng = np.random.default_rng(4)
+    inside = [((rng.uniform(60, 100, size=5), rng.uniform(0, 50, size=6)), (0.0, 100.0)),
+              (([70.0, 72.0, 80.0], [60.0, 55.0, 65.0]), (0.0, 100.0)),
+              (([0.2, 0.4, 0.1], [0.5, 0.6, 0.3]), (0.0, 1.0)),  # a negative difference, its interval below 0
+              (([90.0, 90.0, 90.0], [10.0, 55.0, 30.0, 80.0]), (0.0, 100.0)),  # no spread on one side
+              ((rng.uniform(0, 100, size=10), rng.uniform(20, 100, size=10)), (0.0, 100.0))]
+    past = [(([100.0, 74.0], [0.0, 20.0, 0.0]), (0.0, 100.0)),  # the '+87 [+20, +154]' kind: past +100
+            (([100.0, 100.0, 40.0], [0.0, 0.0, 60.0]), (0.0, 100.0)),
+            (([0.0, 0.3], [1.0, 0.9, 1.0]), (0.0, 1.0)),  # past -1
+            (([100.0, 80.0], [0.0, 0.0, 0.0, 50.0, 100.0]), (0.0, 100.0)),
+            (([0.0, 100.0, 50.0], [100.0, 0.0]), (0.0, 100.0))]  # past both ends
+    for (a, b), (lo, hi) in inside:
+        ref = scipy_welch_interval(stats, a, b)
+        assert lo - hi < ref[0] < ref[1] < hi - lo, (a, b, ref)  # (the case is what it says)
+        c = common.compare_means(a, b, bounds=(lo, hi))
+        assert c['ci'] == pytest.approx(ref, rel=1e-9, abs=1e-12), (a, b, c['ci'], ref)
+    for (a, b), (lo, hi) in past:
+        ref = scipy_welch_interval(stats, a, b)
+        assert ref[0] < lo - hi or ref[1] > hi - lo, (a, b, ref)
+        c = common.compare_means(a, b, bounds=(lo, hi))
+        assert c['ci'] == pytest.approx([max(ref[0], lo - hi), min(ref[1], hi - lo)], rel=1e-9, abs=1e-12), (a, b)
+        assert common.compare_means(a, b)['ci'] == pytest.approx(ref, rel=1e-9), (a, b)  # without bounds: uncut
+
+
+def test_a_bounded_difference_keeps_within_its_bounds():
+    """Where Welch's t interval of a difference of percentages leaves -100..100, compare_means with bounds cuts it
+    there and keeps its other end; the p-values are the same with or without bounds."""
+    a, b = [100.0, 74.0], [0.0, 20.0, 0.0]
+    welch = common.compare_means(a, b)
+    assert welch['ci_method'] == 't' and welch['ci'][1] > 100  # the issue's '+87 [+20, +154]' kind
+    bounded = common.compare_means(a, b, bounds=(0.0, 100.0))
+    assert bounded['ci_method'] == 't, clipped' and bounded['ci'] == [welch['ci'][0], 100.0]
+    assert bounded['p'] == welch['p'] and bounded['p_exact'] == welch['p_exact'] == common.permutation_test(a, b)['p']
+    rng = np.random.default_rng(5)
+    for _ in range(50):
+        a, b = rng.choice([0.0, 1.0, 0.5, 0.9], size=rng.integers(2, 6)), rng.choice([0.0, 1.0, 0.1], size=3)
+        c = common.compare_means(a, b, bounds=(0.0, 1.0))
+        assert -1.0 <= c['ci'][0] <= c['diff'] <= c['ci'][1] <= 1.0, (a, b, c['ci'])
+        if c['p'] is not None:  # the t interval, cut at -1 and +1
+            t = common.compare_means(a, b)['ci']
+            assert c['ci'] == [max(t[0], -1.0), min(t[1], 1.0)], (a, b)
+
+
+def test_interval_text():
+    assert common.interval_text(False) == '95% confidence interval (Welch-Satterthwaite t)'
+    assert common.interval_text(True) == ('95% confidence interval (Welch-Satterthwaite t), cut to the possible range, '
+                                          '-100 to +100 (a single point where neither side varies)')
+    assert '-1 to +1' in common.interval_text(True, bounds=(0, 1))
+
+
+# -----------------------------------------------------------------------------
+# compare_means and the tables' adjustment, caption and significance
+
+
+def test_compare_means_carries_both_tests():
+    c = common.compare_means([70.0, 72.0, 80.0], [60.0, 55.0, 65.0])
+    assert c['status'] == 'ok' and (c['n_a'], c['n_b']) == (3, 3)
+    assert c['p'] == common.welch_ttest([70.0, 72.0, 80.0], [60.0, 55.0, 65.0])[2]
+    assert (c['p_exact'], c['p_min'], c['exact']) == (0.1, 0.1, True) and c['p'] < c['p_min']
+    assert common.compare_means([1.0], [1.0, 2.0])['status'] == 'n/a: 1 seed'
+    # no spread on either side: no Welch test, and for values without bounds no interval either
+    assert common.compare_means([2.0, 2.0], [3.0, 3.0])['status'] == 'n/a: zero variance'
+    # bounded values at their bounds in every seed are a result: the exact test applies, the interval is the point
+    c = common.compare_means([1.0, 1.0, 1.0], [0.0, 0.0, 0.0], bounds=(0.0, 1.0))
+    assert (c['status'], c['p'], c['t'], c['p_exact'], c['ci']) == ('ok', None, None, 0.1, [1.0, 1.0])
+    assert common.p_text(c['p']) == 'n/a'
+
+
+def test_holm_over_a_table_its_caption_and_significance():
+    three = [common.compare_means([70.0, 72.0, 80.0], [60.0, 55.0, 65.0]),
+             common.compare_means([70.0, 61.0, 80.0], [60.0, 75.0, 65.0]), {'status': 'n/a: 1 seed'}]
+    assert common.holm_over(three) == 2 and 'p_holm' not in three[2]
+    assert [c['p_holm'] for c in three[:2]] == common.holm([three[0]['p_exact'], three[1]['p_exact']])
+    caption = common.tests_caption(three)
+    assert 'for the 2 comparisons of this table' in caption and 'Smallest possible exact p: 0.1 with 3 and 3 seeds.' in caption
+    assert caption.endswith('No comparison of this table can reach a Holm p below 0.05.')
+    assert common.significance(three[0]) is None  # Welch's p is below 0.05; Holm's exact p cannot be
+    ten = [common.compare_means(60.0 + np.arange(10), np.arange(10.0))]
+    common.holm_over(ten)
+    assert common.significance(ten[0]) == 'higher' and common.significance(dict(ten[0], diff=-1.0)) == 'lower'
+    assert 'can reach' not in common.tests_caption(ten) and '1.1e-05 with 10 and 10 seeds' in common.tests_caption(ten)
+    assert common.tests_caption([{'status': 'n/a: zero variance'}]) == ''
