@@ -153,7 +153,7 @@ run_all() {
 }
 
 mkdir -p $OUT/logs
-n=$(( SEEDS * $(echo "$RUNS" | grep -c ' all$') + $(echo "$RUNS" | grep -c ' one$') ))
+n=$(( SEEDS * $(echo "$RUNS" | awk '$4 == "all"' | wc -l) + $(echo "$RUNS" | awk '$4 == "one"' | wc -l) ))
 # progress: each model that finishes adds "NAME trained" (or "NAME reused") to $PROGRESS, and says how many of
 # TOTAL (with --full the passkey model included) are done and, from the time per model trained so far, about
 # how much training is left

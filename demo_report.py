@@ -553,10 +553,66 @@ def search_tables(search):
     return "\n".join(rows) + "\n\n" + "\n".join(heads)
 
 
+def kernels(results):
+    """The vector kernels that trained a results file's runs, as their machines name them ('AVX512', 'DEFAULT'),
+    joined where they differ."""
+    parts = [part.strip() for run in results["runs"] for part in run.get("trained_by", {}).get("machine", "").split(",")]
+    found = [part.removesuffix(" kernels") for part in parts if part.endswith(" kernels")]
+    return "/".join(dict.fromkeys(found)) or "unknown"
+
+
+def rounding_tables(native, other):
+    """The same models trained and evaluated under two roundings (a machine's own vector kernels and ATen's
+    default ones): for each label both results files have, the perplexity per length under each with each
+    seed's longest-over-first ratio (mean and 95% CI over seeds); then for each DAPE-X against X pair both have,
+    the difference per length under each, and whether what it says holds under both: the same direction at
+    every length, and the same verdict of the Holm-adjusted exact test (exact_tests, over each file's table)."""
+    lengths = [L for L in native["lengths"] if L in other["lengths"]]
+    first, last = lengths[0], lengths[-1]
+    both = [(g, h) for g in native["groups"] for h in other["groups"] if g["label"] == h["label"]]
+    rows = ["| model | kernels | seeds | " + " | ".join(str(L) for L in lengths)
+            + f" | {last} / {first} per seed |",
+            "| --- " * (len(lengths) + 4) + "|"]
+    for g, h in both:
+        for results, group in ((native, g), (other, h)):
+            ratio = seed_ratio(group, first, last)
+            rows.append(f"| {group['label']} | {kernels(results)} | {group['n']} | "
+                        + " | ".join(cell(group["ppl"][str(L)], "{:.3f}") for L in lengths) + " | "
+                        + (f"{ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}]" if ratio else "-") + " |")
+    pairs = [(c, d) for c in native["comparisons"] for d in other["comparisons"]
+             if (c["label"], c["baseline"]) == (d["label"], d["baseline"])]
+    diffs = ["| DAPE-X minus X | kernels | " + " | ".join(str(L) for L in lengths)
+             + " | same direction and Holm verdict under both |",
+             "| --- " * (len(lengths) + 3) + "|"]
+    tests = [exact_tests(native), exact_tests(other)]
+    for c, d in pairs:
+        key, verdicts = (c["label"], c["baseline"]), []
+        for results, comparison, exact in ((native, c, tests[0]), (other, d, tests[1])):
+            cells, signs = [], []
+            for L in lengths:
+                p = comparison["p_value"][str(L)]
+                if p["status"] != "ok":
+                    cells.append(p["status"])
+                    signs.append(None)
+                    continue
+                sig = significance(dict(exact[key][L], diff=p["mean_diff"]))
+                cells.append(f"{p['mean_diff']:+.3f} [{p['ci'][0]:+.3f}, {p['ci'][1]:+.3f}], Holm "
+                             f"{p_text(exact[key][L]['p_holm'])}")
+                signs.append((p["mean_diff"] < 0, sig))
+            verdicts.append(signs)
+            diffs.append(f"| {c['label']} - {c['baseline']} | {kernels(results)} | " + " | ".join(cells)
+                         + " | {} |")
+        same = [a == b and a is not None for a, b in zip(*verdicts)]
+        diffs[-2] = diffs[-2].replace(" {} |", f" {sum(same)} of {len(lengths)} lengths |")
+        diffs[-1] = diffs[-1].replace(" {} |", " |")
+    return "\n".join(rows) + "\n\n" + "\n".join(diffs)
+
+
 USAGE = ("usage: python demo_report.py [RESULTS_DIR] [--minutes=M --models=N]   (the run's report)\n"
          "       python demo_report.py RESULTS_DIR --publish                    (into README.md and docs/)\n"
          "       python demo_report.py --tables_from=docs/results/demo\n"
          "       python demo_report.py --search_from=docs/results/degrade_search.json\n"
+         "       python demo_report.py --rounding_from=FILE --against=docs/results/demo/results.json\n"
          "       python demo_report.py --add_trial=EVAL_DIR --search=FILE --name=N --changes=TEXT "
          "[--train_command=C --commit=C]")
 
@@ -568,10 +624,18 @@ def main(argv):
     positional = [a for a in argv if not a.startswith("--")]
     alone = {"tables_from", "search_from"} & set(options)
     trial = {"add_trial", "search", "name", "changes", "train_command", "commit"}
-    if (set(options) - {"minutes", "models", "tables_from", "search_from"} - trial or set(flags) - {"--publish"}
-            or len(positional) > 1 or (alone and (len(options) > 1 or flags or positional)) or (flags and options)
-            or ("add_trial" in options and ({"search", "name", "changes"} - set(options) or positional))):
+    rounding = {"rounding_from", "against"}
+    if (set(options) - {"minutes", "models", "tables_from", "search_from"} - trial - rounding
+            or set(flags) - {"--publish"} or len(positional) > 1
+            or (alone and (len(options) > 1 or flags or positional)) or (flags and options)
+            or ("add_trial" in options and ({"search", "name", "changes"} - set(options) or positional))
+            or (rounding & set(options) and (set(options) != rounding or flags or positional))):
         sys.exit(USAGE)
+    if "rounding_from" in options:
+        with open(options["against"]) as f, open(options["rounding_from"]) as g:
+            text = rounding_tables(json.load(f), json.load(g))
+        print(text)
+        return text
     if "tables_from" in options:
         return tables_from(options["tables_from"])
     if "search_from" in options:

@@ -420,3 +420,23 @@ def test_search_file_and_its_tables(tmp_path):
             line.startswith("| kerple")] == ["| kerple", "| fire", "| kerple", "| fire"]
     assert "| trial | changes | ppl at 1x | 2x / 1x | 16x / 1x |" in text and "| fire | x | 7.000 | 1.014 | 2.000 |" in text
     assert "| fire | 2 | 1024 | 0.650, 0.900 | 0.150, 0.200 | r1 0.2 to 1 (rank correlation with the mass -1.00) |" in text
+
+
+def test_rounding_tables_say_where_a_conclusion_holds_under_both():
+    """demo_report.py --rounding_from: a label's rows under each rounding, with its kernels, and per DAPE-X
+    against X pair how many lengths keep the direction and the Holm verdict under the other rounding: a
+    difference whose sign flips at one length holds at the others only."""
+    import demo_report
+    with open(os.path.join(ROOT, "docs", "results", "demo", "results.json")) as f:
+        native = json.load(f)
+    other = json.loads(json.dumps(native).replace("AVX512 kernels", "DEFAULT kernels"))
+    flipped = next(c for c in other["comparisons"] if (c["label"], c["baseline"]) == ("dape-fire", "fire"))
+    L = str(native["lengths"][1])
+    flipped["p_value"][L]["mean_diff"] = -flipped["p_value"][L]["mean_diff"]
+    text = demo_report.rounding_tables(native, other)
+    assert "| fire | AVX512 | 3 |" in text and "| fire | DEFAULT | 3 |" in text
+    n = len(native["lengths"])
+    fire = [line for line in text.splitlines() if line.startswith("| dape-fire - fire | AVX512 |")][0]
+    assert fire.endswith(f" {n - 1} of {n} lengths |"), fire
+    kerple = [line for line in text.splitlines() if line.startswith("| dape-kerple - kerple | AVX512 |")][0]
+    assert kerple.endswith(f" {n} of {n} lengths |"), kerple
