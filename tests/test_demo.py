@@ -87,7 +87,8 @@ def test_demo_smoke_runs_end_to_end(tmp_path):
     several = labels[:3] + labels[5:]
     assert [r["label"] for r in results["runs"]] == [l for l in labels for _ in range(2 if l in several else 1)]
     assert [(g["label"], g["n"]) for g in results["groups"]] == [(l, 2 if l in several else 1) for l in labels]
-    inits = {r["label"]: r["model_args"].get("dape_init") for r in results["runs"] if r["label"].startswith("dape-kerple")}
+    inits = {r["label"]: r["model_args"].get("dape_init") for r in results["runs"]
+             if r["label"] in ("dape-kerple", "dape-kerple-zero")}
     assert inits == {"dape-kerple": "default", "dape-kerple-zero": "zero"}
     # DAPE-X against X: every pair has two seeds a side, so a p-value at every length
     assert [(c["label"], c["baseline"]) for c in results["comparisons"]] == [
