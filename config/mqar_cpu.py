@@ -5,9 +5,10 @@
 task = 'mqar'
 grid = True
 grid_tasks = 'mqar'
-grid_pos = 'nope,rope,alibi,kerple,fox,path,nope+sb,kerple+logn'  # +sb: stick-breaking; +logn: log-length scaling
+# +sb: stick-breaking attention; +logn: log-length scaling of the logits (docs/encodings.md)
+grid_pos = 'nope,rope,alibi,kerple,fox,path,nope+sb,nope+logn,rope+logn,alibi+logn,kerple+logn,fox+logn'
 grid_dape = 'none,v1'
-grid_dape_pos = 'kerple,fox,path,nope+sb,kerple+logn'  # DAPE V1 on these five
+grid_dape_pos = 'kerple,fox,path,nope+sb,alibi+logn,kerple+logn,fox+logn'  # DAPE V1 on these seven
 seeds = '0,1,2'
 rand_pos = False        # causal language models at positions 0..T-1
 n_layer = 2
