@@ -323,7 +323,10 @@ class SelfAttention(nn.Module):
         """The output [B, H, R, hs] of the queries at sequence indices qi from their final logits [B, H, R, Tk]
         (after bias and DAPE; -inf or anything where future [R, Tk] is True), against the values v [B, H, Tk,
         hs]: the weights below, and with stick-breaking what is left of the stick."""
-        weights, rem = self.weights(logits, qi, future)
+        return self.mix(*self.weights(logits, qi, future), v, qi, dropout_p)
+
+    def mix(self, weights, rem, v, qi, dropout_p=0.0):
+        """The output [B, H, R, hs] from the weights and the stick left over that weights() gives."""
         y = F.dropout(weights, dropout_p).to(v.dtype) @ v
         if rem is None:
             return y

@@ -59,8 +59,9 @@ def capture_layers(model, idx, layer_ids):
 def layer_terms(attn, x, pe, pos, rows):
     """What the attention layer attn (model.SelfAttention) adds up for the query rows `rows` (sequence
     indices) of x [1, T, C]: A, bias, f (DAPE's term, by dape.py's plain form), the logits before softmax (or
-    stick-breaking, and before log-length scaling) and the attention weights, each [H, R, T] float32 (None where the model has none), and `out` [R, C], the layer's
-    output at those rows computed from them (equal to its forward's: the test of this function)."""
+    stick-breaking, and before log-length scaling) and the attention weights, each [H, R, T] float32 (None
+    where the model has none), and `out` [R, C], the layer's output at those rows computed from them (equal to
+    its forward's: the test of this function)."""
     T = x.shape[1]
     q, k, v = attn.qkv(x, pe, pos)
     qi = torch.as_tensor(rows, device=x.device)
@@ -77,8 +78,8 @@ def layer_terms(attn, x, pe, pos, rows):
         logits = attn.dape(A, bias, future)
         f = logits - A - (bias if bias is not None and attn.dape.variant != "concat" else 0.0)
     # the layer's own normalisation: softmax or stick-breaking, after log-length scaling where the model has it
-    att = attn.weights(logits, qi, future)[0]
-    y = rearrange(attn.normalise(logits, v, qi, future), "b h r d -> b r (h d)")
+    att, rem = attn.weights(logits, qi, future)
+    y = rearrange(attn.mix(att, rem, v, qi), "b h r d -> b r (h d)")
     # for CoPE and PaTH the position term drawn as the bias is what they make of the content logits A
     position = bias if bias is not None else (A - content if pe.contextual else None)
     sq = lambda t: None if t is None else t[0].float().cpu()
