@@ -17,10 +17,13 @@ configs set, LEARNED_RULES with the day each was set) and give OOD figures over 
 that did not learn the task says nothing about extrapolation. DAPE-X against X is the difference of the
 means with its 95% t interval cut to the possible range (accuracy is bounded), Welch's p and the
 exact permutation test's p with its Holm adjustment over the table's comparisons, over the seeds that
-learned the task and, labelled apart, over every seed. Single cells,
+learned the task and, labelled apart, over every seed; how many seeds learned comes with its exact
+binomial interval. Where the runs keep their accuracy per test length, tables per length give every
+seed's figures (no threshold) and DAPE-X minus X at each length. Single cells,
 a tasks x encodings grid shaped like Table 2, JSON (every run kept; save_runs: the figures the tables
-over seeds are made of, small enough to commit, merged into the file so that a rerun seed replaces its
-earlier figures; tables_from: those tables again from such a file) and
+over seeds and per length are made of, small enough to commit, merged into the file so that a rerun seed
+replaces its earlier figures; tables_from: those tables again from such a file; with rounding_from, a
+second file of the same runs trained under another rounding, the test-retest of the two) and
 per-length plots over the whole length axis.
 
 $ python che_tasks.py --task=reverse_string --pos=kerple --dape=v1         # CPU smoke run
@@ -29,6 +32,8 @@ $ python che_tasks.py config/che_paper.py --task=reverse_string --pos=fire --dap
 $ python che_tasks.py --grid=True                                           # Table 2 (smoke scale)
 $ python che_tasks.py config/flip_flop_cpu.py --grid=False --pos=fox --dape=v1          # a retrieval task
 $ python che_tasks.py config/che_cpu_reverse.py --tables_from=docs/results/che_reverse_string.json
+$ ATEN_CPU_CAPABILITY=default python che_tasks.py config/che_cpu_learned.py --seeds=0 --save_runs=other.json
+$ python che_tasks.py config/che_cpu_learned.py --tables_from=mine.json --rounding_from=other.json
 
 A retrieval task trains a causal model (a language model scored where the next token is determined:
 the bit after a flip-flop read, the value after a recalled MQAR key) at fixed positions 0..T-1, and a
@@ -37,6 +42,7 @@ task with other test distributions (flip-flop: sparse and dense) is scored on ea
 import json
 import math
 import os
+import re
 import shlex
 import sys
 import time
@@ -48,8 +54,9 @@ import torch.nn.functional as F
 import che_data
 import retrieval_data
 from che_data import TABLE2_TASKS, make_batch, max_sequence_length
-from common import (autocast as autocast_context, compare_means, difference_text, holm_over, interval_text, mean_std,
-                    mean_std_text, p_text, pick_device, pick_dtype, pos_options, provenance, tests_caption)
+from common import (ALPHA, autocast as autocast_context, compare_means, difference_text, holm_over, interval_text, mean_std,
+                    mean_std_text, k_of_n_text, p_text, pick_device, pick_dtype, pos_options, provenance,
+                    significance, tests_caption)
 from configurator import check_device, configure
 from model import GPT, GPTConfig
 from positional import ENCODINGS
@@ -619,21 +626,49 @@ def seed_rows(cells, tasks, columns, cfg):
     return out
 
 
+def comparison_pairs(keys):
+    """Which rows a table compares: DAPE-X against X at the same rate, and DAPE-X with f zero at step 0
+    ('v1:zero') also against DAPE-X's default init ('v1'). keys: (task, pos, dape, lr) in table order.
+    -> [(key, base key)]."""
+    keys = list(keys)
+    pairs = []
+    for t, p, d, lr in keys:
+        if d == 'none':
+            continue
+        version, _, init = d.partition(':')
+        bases = [(t, p, 'none', lr)] + ([(t, p, version, lr)] if init else [])
+        pairs += [((t, p, d, lr), base) for base in bases if base in keys]
+    return pairs
+
+
+def seed_comparisons(rows):
+    """The comparisons of the tables over seeds, rows from seed_rows: for each pair of comparison_pairs,
+    [OOD over the seeds that learned, OOD over every seed, ID over every seed] (compare_means), with Holm's
+    adjustment over all of them (one table). -> [(key, base key, [three comparisons])]."""
+    by_key = {(t, p, d, lr): (runs, threshold) for t, p, d, lr, runs, threshold in rows}
+    out = []
+    for key, base_key in comparison_pairs(by_key):
+        (runs, threshold), (base, _) = by_key[key], by_key[base_key]
+        ood = lambda rs, only_learned: [r['score'] for r in rs if is_learned(r, threshold) or not only_learned]
+        out.append((key, base_key, [_compare(ood(runs, True), ood(base, True)), _compare(ood(runs, False), ood(base, False)),
+                                    _compare([r['id_score'] for r in runs], [r['id_score'] for r in base])]))
+    holm_over([c for *_, cs in out for c in cs])
+    return out
+
+
 def seeds_table(cells, tasks, columns, cfg):
     """The tables over seeds. First a row per (task, encoding, learning rate): how many seeds learned
-    the task (ID at least learned_threshold), ID accuracy over every seed and the extrapolation (OOD)
-    scores over the seeds that learned it, as mean ± sample std, with the per-seed figures (those of
-    seeds that did not learn it in brackets: they say nothing about extrapolation). Then a row per
-    DAPE-X against X at the same rate (and DAPE-X with f zero at step 0 against the default init's):
-    the difference of their OOD means with its 95% t interval cut to the possible range, Welch's two-sided
-    p, the exact p and that p adjusted by Holm's method over every comparison of the table, over the seeds that learned the task
-    and, labelled apart, over every seed; and the same for ID over every seed. -> the Markdown tables with
-    their caption."""
+    the task (ID at least learned_threshold) with the exact binomial interval of that share, ID accuracy
+    over every seed and the extrapolation (OOD) scores over the seeds that learned it, as mean ± sample
+    std, with the per-seed figures (those of seeds that did not learn it in brackets: they say nothing about
+    extrapolation). Then a row per comparison of seed_comparisons: the difference of the means with its 95%
+    t interval cut to the possible range, Welch's two-sided p, the exact p and that p adjusted by Holm's
+    method over every comparison of the table. -> the Markdown tables with their caption."""
     several_rates = len(parse_learning_rates(cfg)) > 1
     rows = seed_rows(cells, tasks, columns, cfg)
     variants = sorted({v for t in tasks for v in TASKS[t].variants})
     lr_head = ' lr |' if several_rates else ''
-    lines = ['| Task | Encoding |' + lr_head + ' Random | learned | ID | ID per seed | OOD (learned seeds) | '
+    lines = ['| Task | Encoding |' + lr_head + ' Random | learned [95% interval] | ID | ID per seed | OOD (learned seeds) | '
              'OOD per seed |' + ''.join(f' OOD {v} (learned seeds) |' for v in variants)]
     lines.append('|' + ' --- |' * (lines[0].count('|') - 1))
     fig = lambda v: 'n/s' if v is None else f"{v:.1f}"
@@ -643,32 +678,18 @@ def seeds_table(cells, tasks, columns, cfg):
         learned = [r for r in runs if is_learned(r, threshold)]
         per_seed = ', '.join(fig(r['score']) if is_learned(r, threshold) else f"({fig(r['score'])})" for r in runs)
         lines.append(f"| {t} | {encoding_label(p, d)} |" + (f" {lr:g} |" if several_rates else '')
-                     + f" {100 * TASKS[t].random_baseline:.0f} | {len(learned)} of {len(runs)} | "
+                     + f" {100 * TASKS[t].random_baseline:.0f} | {k_of_n_text(len(learned), len(runs))} | "
                      f"{_mean_std_text([r['id_score'] for r in runs])} | {', '.join(fig(r['id_score']) for r in runs)} | "
                      f"{_mean_std_text([r['score'] for r in learned])} | {per_seed} |"
                      + ''.join(f" {_mean_std_text([r['variants'][v]['score'] for r in learned])} |"
                                if v in TASKS[t].variants else ' - |' for v in variants))
-    # DAPE-X against X; DAPE-X with f zero at step 0 ('v1:zero') also against DAPE-X's default init ('v1')
-    pairs = []
-    for t, p, d, lr in by_key:
-        if d == 'none':
-            continue
-        version, _, init = d.partition(':')
-        bases = [(t, p, 'none', lr)] + ([(t, p, version, lr)] if init else [])
-        pairs += [((t, p, d, lr), base) for base in bases if base in by_key]
-    if pairs:
+    compared = seed_comparisons(rows)
+    if compared:
         lines += ['', '| Task | DAPE-X vs X |' + lr_head + ' learned |'
                   + ''.join(f' {what} difference, {seeds} seeds [95% interval] | Welch p | exact p | Holm p |'
                             for what, seeds in (('OOD', 'learned'), ('OOD', 'all'), ('ID', 'all')))]
         lines.append('|' + ' --- |' * (lines[-1].count('|') - 1))
-    compared = []  # every comparison first: Holm's adjustment counts them all before any is written
-    for key, base_key in pairs:
-        (runs, threshold), (base, _) = by_key[key], by_key[base_key]
-        ood = lambda rs, only_learned: [r['score'] for r in rs if is_learned(r, threshold) or not only_learned]
-        compared.append([_compare(ood(runs, True), ood(base, True)), _compare(ood(runs, False), ood(base, False)),
-                         _compare([r['id_score'] for r in runs], [r['id_score'] for r in base])])
-    holm_over([c for cs in compared for c in cs])
-    for (key, base_key), cs in zip(pairs, compared):
+    for key, base_key, cs in compared:
         (runs, threshold), (base, _) = by_key[key], by_key[base_key]
         t, p, d, lr = key
         lines.append(f"| {t} | {encoding_label(p, d)} vs {encoding_label(p, base_key[2])} |"
@@ -680,14 +701,74 @@ def seeds_table(cells, tasks, columns, cfg):
     thresholds = [f"{learned_threshold(TASKS[t], cfg):.4g}% for {t}" for t in tasks]
     lines += ['', f"Accuracy (%) over seeds {','.join(map(str, seeds))}: mean ± sample std; per seed in seed "
                   f"order. learned: ID accuracy at least {cfg['learned_frac']:g} of the way from chance to 100% "
-                  f"({', '.join(thresholds)}; {learned_rule_text(tasks, cfg)}). ID over every seed; OOD over the "
+                  f"({', '.join(thresholds)}; {learned_rule_text(tasks, cfg)}), with the exact (Clopper-Pearson) "
+                  f"95% interval of the share of seeds. ID over every seed; OOD over the "
                   f"seeds that learned the task (in brackets, those that did not). Differences: DAPE-X's mean minus "
                   f"X's with its {interval_text(bounded=True)}; n/a: fewer than two seeds a side. n/s: not servable "
                   f"at the test lengths."]
-    caption = tests_caption([c for cs in compared for c in cs])
+    caption = tests_caption([c for *_, cs in compared for c in cs])
     if caption:
         lines[-1] += ' ' + caption
     return '\n'.join(lines)
+
+
+def per_length(run):
+    """A run's OOD accuracy (%) per test length, {N: accuracy}; {} where its record has none (results
+    files written before save_runs kept them)."""
+    return {int(N): a for N, a in (run.get('per_length') or {}).items()}
+
+
+def length_comparisons(rows):
+    """DAPE-X against X (comparison_pairs) at every test length, over every seed that has the length (no
+    threshold: a seed that did not learn is scored like any other), with Holm's adjustment over all of them
+    (one table). -> ([(key, base key, {N: compare_means})], the lengths)."""
+    by_key = {(t, p, d, lr): runs for t, p, d, lr, runs, _ in rows}
+    lengths = sorted({N for runs in by_key.values() for r in runs for N in per_length(r)})
+    out = []
+    for key, base_key in comparison_pairs(by_key):
+        at = lambda runs, N: [per_length(r)[N] for r in runs if N in per_length(r)]
+        out.append((key, base_key, {N: _compare(at(by_key[key], N), at(by_key[base_key], N)) for N in lengths}))
+    holm_over([c for *_, cs in out for c in cs.values()])
+    return out, lengths
+
+
+def length_tables(cells, tasks, columns, cfg):
+    """The extrapolation at every test length, for runs whose records keep their per-length accuracies:
+    per task, a row per length with each encoding's accuracy (mean ± sample std over every seed), then a
+    row per DAPE-X minus X and length (length_comparisons): the difference of the means [95% interval],
+    Welch's p, the exact p and that p adjusted by Holm's method over the table. '' where no run has
+    per-length figures."""
+    rows = [r for r in seed_rows(cells, tasks, columns, cfg) if any(per_length(x) for x in r[4])]
+    if not rows:
+        return ''
+    several_rates = len(parse_learning_rates(cfg)) > 1
+    label = lambda t, p, d, lr: encoding_label(p, d) + (f" (lr {lr:g})" if several_rates else '')
+    out = []
+    for t in tasks:
+        task_rows = [r for r in rows if r[0] == t]
+        if not task_rows:
+            continue
+        compared, lengths = length_comparisons(task_rows)
+        seeds = sorted({x['seed'] for r in task_rows for x in r[4]})
+        lines = [f"| {t}: N | " + ' | '.join(label(*r[:4]) for r in task_rows) + ' |',
+                 '|' + ' --- |' * (len(task_rows) + 1)]
+        for N in lengths:
+            lines.append(f"| {N} | " + ' | '.join(_mean_std_text([per_length(x)[N] for x in r[4] if N in per_length(x)])
+                                                   for r in task_rows) + ' |')
+        lines += ['', f"OOD accuracy (%) per test length N: mean ± sample std over every seed "
+                      f"({','.join(map(str, seeds))}), whether or not it learned the task; random "
+                      f"{100 * TASKS[t].random_baseline:.0f}%."]
+        if compared:
+            lines += ['', f"| {t}: DAPE-X minus X | N | difference [95% interval] | Welch p | exact p | Holm p |",
+                      '|' + ' --- |' * 6]
+            for k, b, cs in compared:
+                lines += [f"| {label(*k)} minus {label(*b)} | {N} | " + ' | '.join(_difference_cells(cs[N])) + ' |'
+                          for N in lengths]
+            lines += ['', f"Differences of the means at each length, over every seed, with the "
+                          f"{interval_text(bounded=True)}. "
+                          + tests_caption([c for *_, cs in compared for c in cs.values()])]
+        out.append('\n'.join(lines))
+    return '\n\n'.join(out)
 
 
 def run_key(r):
@@ -696,9 +777,9 @@ def run_key(r):
 
 
 def compact_runs(cells):
-    """Each run's figures that the tables over seeds are made of, one small dict a run (what a results
-    file in the repository holds; the runs' own JSON in out_dir/runs/ has every per-length figure)."""
-    keep = ('task', 'pos', 'dape', 'seed', 'learning_rate', 'id_score', 'score', 'device')
+    """Each run's figures that the tables over seeds and per length are made of, one small dict a run (what a
+    results file in the repository holds; the runs' own JSON in out_dir/runs/ has everything else)."""
+    keep = ('task', 'pos', 'dape', 'seed', 'learning_rate', 'id_score', 'score', 'device', 'id_per_length', 'per_length')
     out = []
     for c in cells.values():
         for r in c.get('runs', []):
@@ -734,14 +815,147 @@ def cells_from_runs(runs):
     return cells
 
 
+def load_cells(path):
+    """The cells (cells_from_runs) of the runs in a results file that save_runs wrote, and the file."""
+    with open(path) as f:
+        saved = json.load(f)
+    return cells_from_runs(saved['runs']), saved
+
+
 def tables_from_file(cfg):
     """The tables over seeds (seeds_table) of the runs in the file cfg['tables_from'] (one that
-    save_runs wrote), for the config's tasks, encodings and learned rule: no training."""
-    with open(cfg['tables_from']) as f:
-        saved = json.load(f)
+    save_runs wrote), for the config's tasks, encodings and learned rule, and where its runs keep their
+    per-length figures the tables per length (length_tables): no training. With cfg['rounding_from'],
+    the test-retest tables of those runs against the same runs in that file instead (retest_tables)."""
     tasks = resolve_tasks(cfg['grid_tasks']) if cfg['grid'] else [cfg['task']]
     columns = grid_columns(cfg) if cfg['grid'] else [(cfg['pos'], cfg['dape'])]
-    return seeds_table(cells_from_runs(saved['runs']), tasks, columns, cfg)
+    cells, _ = load_cells(cfg['tables_from'])
+    if cfg['rounding_from']:
+        return retest_tables(cells, load_cells(cfg['rounding_from'])[0], tasks, columns, cfg)
+    by_length = length_tables(cells, tasks, columns, cfg)
+    return seeds_table(cells, tasks, columns, cfg) + ('\n\nPer test length:\n\n' + by_length if by_length else '')
+
+
+def kernels_of(cells):
+    """Which of ATen's vector kernels ran a file's runs, as their recorded machine says ('AVX512', 'DEFAULT'),
+    or 'unknown'."""
+    found = {m.group(1) for c in cells.values() for r in c['runs']
+             for m in [re.search(r'(\w+) kernels', r.get('machine', ''))] if m}
+    return ', '.join(sorted(found)) or 'unknown'
+
+
+def pearson(x, y):
+    """Pearson's correlation of two equally long lists; None where either does not vary or has fewer than 3."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if len(x) < 3 or x.std() == 0 or y.std() == 0:
+        return None
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+def _verdict(c):
+    """A comparison as the pages state it: which side is ahead, and '*' where Holm's exact p is below ALPHA."""
+    if c['status'] != 'ok':
+        return c['status']
+    ahead = 'ahead' if c['diff'] > 0 else 'behind' if c['diff'] < 0 else 'level'
+    return ahead + ('*' if significance(c) else '')
+
+
+def _holds(ca, cb):
+    return ca['status'] == cb['status'] == 'ok' and _verdict(ca) == _verdict(cb)
+
+
+def retest_tables(cells_a, cells_b, tasks, columns, cfg):
+    """A test-retest of the same runs (task, encoding, rate and seed) trained twice, once under each of two
+    roundings (ATen's vector kernels and ATEN_CPU_CAPABILITY=default): only runs present in both files
+    count. Three tables: per encoding, how many seeds learned under each and how many changed sides, and
+    how ID, OOD and the per-length accuracies move (Pearson's r between the two, the mean absolute move);
+    per run, learned or not, ID, OOD and the longest length's accuracy under both; and every comparison
+    the tables over seeds and per length make (DAPE-X against X), under each rounding, with whether its
+    conclusion (which side is ahead, and whether Holm's exact p is below ALPHA) holds under both."""
+    key = lambda r: (r['seed'], r['learning_rate'])
+    common_cells = {}
+    for k in cells_a.keys() & cells_b.keys():
+        seeds = {key(r) for r in cells_a[k]['runs']} & {key(r) for r in cells_b[k]['runs']}
+        if seeds:
+            common_cells[k] = tuple(dict(c, runs=[r for r in c['runs'] if key(r) in seeds]) for c in (cells_a[k], cells_b[k]))
+    one = lambda i: {k: v[i] for k, v in common_cells.items()}
+    rows_a, rows_b = seed_rows(one(0), tasks, columns, cfg), seed_rows(one(1), tasks, columns, cfg)
+    if not rows_a:
+        return 'no run of these tasks and encodings is in both files'
+    a_name, b_name = kernels_of(one(0)), kernels_of(one(1))
+    fig = lambda v: 'n/s' if v is None else f"{v:.1f}"
+    r_text = lambda r: 'n/a' if r is None else f"{r:+.2f}"
+    move = lambda xs, ys: (f"{np.mean([abs(x - y) for x, y in zip(xs, ys)]):.1f}"
+                           if xs and None not in xs + ys else 'n/a')
+    summary = [f"| Task | Encoding | seeds | learned, {a_name} | learned, {b_name} | changed sides | ID r | ID mean move | "
+               f"OOD r | OOD mean move | per-length r | per-length mean move |", '|' + ' --- |' * 12]
+    per_run = [f"| Task | Encoding | seed | learned, {a_name} / {b_name} | ID, {a_name} / {b_name} | "
+               f"OOD, {a_name} / {b_name} | OOD at the longest N, {a_name} / {b_name} | per-length r |", '|' + ' --- |' * 8]
+    pooled = {'id': ([], []), 'ood': ([], []), 'len': ([], []), 'flips': 0, 'n': 0}
+    for (t, p, d, lr, ra, threshold), (*_, rb, _) in zip(rows_a, rows_b):
+        la, lb = [is_learned(r, threshold) for r in ra], [is_learned(r, threshold) for r in rb]
+        ids = [r['id_score'] for r in ra], [r['id_score'] for r in rb]
+        oods = [r['score'] for r in ra], [r['score'] for r in rb]
+        pairs = [(per_length(x)[N], per_length(y)[N]) for x, y in zip(ra, rb) for N in per_length(x) if N in per_length(y)]
+        lens = [a for a, _ in pairs], [b for _, b in pairs]
+        flips = sum(x != y for x, y in zip(la, lb))
+        for name, (xs, ys) in (('id', ids), ('ood', oods), ('len', lens)):
+            if None not in xs + ys:
+                pooled[name][0].extend(xs), pooled[name][1].extend(ys)
+        pooled['flips'] += flips
+        pooled['n'] += len(ra)
+        summary.append(f"| {t} | {encoding_label(p, d)} | {len(ra)} | {k_of_n_text(sum(la), len(la))} | "
+                       f"{k_of_n_text(sum(lb), len(lb))} | {flips} | {r_text(pearson(*ids) if None not in ids[0] + ids[1] else None)} | "
+                       f"{move(*ids)} | {r_text(pearson(*oods) if None not in oods[0] + oods[1] else None)} | {move(*oods)} | "
+                       f"{r_text(pearson(*lens))} | {move(*lens)} |")
+        for x, y, lx, ly in zip(ra, rb, la, lb):
+            longest = max(set(per_length(x)) & set(per_length(y)), default=None)
+            common_n = sorted(set(per_length(x)) & set(per_length(y)))
+            summary_len = (f"{fig(per_length(x)[longest])} / {fig(per_length(y)[longest])} (N={longest})"
+                           if longest is not None else 'n/a')
+            per_run.append(f"| {t} | {encoding_label(p, d)} | {x['seed']} | {'yes' if lx else 'no'} / {'yes' if ly else 'no'} | "
+                           f"{fig(x['id_score'])} / {fig(y['id_score'])} | {fig(x['score'])} / {fig(y['score'])} | "
+                           f"{summary_len} | {r_text(pearson([per_length(x)[N] for N in common_n], [per_length(y)[N] for N in common_n]))} |")
+    summary.append(f"| all | all | {pooled['n']} | | | {pooled['flips']} | {r_text(pearson(*pooled['id']))} | "
+                   f"{move(*pooled['id'])} | {r_text(pearson(*pooled['ood']))} | {move(*pooled['ood'])} | "
+                   f"{r_text(pearson(*pooled['len']))} | {move(*pooled['len'])} |")
+    # the comparisons, each computed under each rounding as its own table computes it (Holm over that table)
+    sa, sb = seed_comparisons(rows_a), seed_comparisons(rows_b)
+    checks = [f"| Task | Comparison | measure | {a_name}: difference, Holm p | {b_name}: difference, Holm p | holds under both |",
+              '|' + ' --- |' * 6]
+    held = total = 0
+    cell = lambda c: f"{difference_text(c)}, {p_text(c.get('p_holm'))}" if c['status'] == 'ok' else c['status']
+    for (k, base, ca), (_, _, cb) in zip(sa, sb):
+        name = f"{encoding_label(k[1], k[2])} vs {encoding_label(k[1], base[2])}"
+        for what, x, y in zip(('OOD, learned seeds', 'OOD, every seed', 'ID, every seed'), ca, cb):
+            ok = _holds(x, y)
+            held, total = held + ok, total + 1
+            checks.append(f"| {k[0]} | {name} | {what} | {cell(x)} ({_verdict(x)}) | {cell(y)} ({_verdict(y)}) | "
+                          f"{'yes' if ok else 'no'} |")
+    for t in tasks:
+        la_rows, lb_rows = [r for r in rows_a if r[0] == t], [r for r in rows_b if r[0] == t]
+        (ca_all, lengths), (cb_all, _) = length_comparisons(la_rows), length_comparisons(lb_rows)
+        for (k, base, ca), (_, _, cb) in zip(ca_all, cb_all):
+            name = f"{encoding_label(k[1], k[2])} vs {encoding_label(k[1], base[2])}"
+            same = [N for N in lengths if _holds(ca[N], cb[N])]
+            other = [N for N in lengths if N not in same]
+            count = lambda cs: (f"ahead at {sum(c['status'] == 'ok' and c['diff'] > 0 for c in cs.values())}, "
+                                f"significantly at {sum(significance(c) == 'higher' for c in cs.values())}; behind "
+                                f"significantly at {sum(significance(c) == 'lower' for c in cs.values())}")
+            held, total = held + len(same), total + len(lengths)
+            checks.append(f"| {t} | {name} | OOD at each of {len(lengths)} lengths | {count(ca)} | {count(cb)} | "
+                          f"at {len(same)} of {len(lengths)}" + (f"; not at N={','.join(map(str, other))}" if other else '')
+                          + ' |')
+    seeds = sorted({r['seed'] for *_, runs, _ in rows_a for r in runs})
+    caption = (f"The same runs (seeds {','.join(map(str, seeds))}) trained under two roundings of one machine: "
+               f"ATen's {a_name} kernels and its {b_name} ones (ATEN_CPU_CAPABILITY=default), otherwise identical. "
+               f"learned: as in the tables over seeds, with the exact 95% interval; changed sides: runs learned under "
+               f"one and not the other. r: Pearson's correlation between the two roundings over the seeds (per length: "
+               f"over every seed and test length); mean move: the mean absolute difference, in accuracy points. "
+               f"Comparisons: each as its table computes it under each rounding (Holm over that table); ahead or "
+               f"behind, * where Holm's exact p is below {ALPHA:g}; it holds where both say the same. "
+               f"{held} of {total} conclusions hold under both.")
+    return '\n'.join(summary) + '\n\n' + '\n'.join(per_run) + '\n\n' + '\n'.join(checks) + '\n\n' + caption
 
 
 def paper_table(tasks):
@@ -853,6 +1067,8 @@ grid_dape = 'none,v1'
 grid_dape_pos = ''           # the encodings run with DAPE (grid_dape other than none); '' = every grid_pos
 save_runs = ''               # after a grid: every run's ID and OOD figures merged into this JSON file (small)
 tables_from = ''             # print the tables over seeds of the runs in this save_runs file; no training
+rounding_from = ''           # with tables_from: the same runs trained under another rounding (a save_runs file):
+                             # print the test-retest tables of the two instead
 config_keys = [k for k in globals() if k not in _names_before_config and not k.startswith('_')]
 
 
@@ -900,6 +1116,9 @@ def check_config(cfg):
     if not 0 <= cfg['learned_frac'] <= 1:
         raise ValueError(f"learned_frac must be in [0, 1] (the share of the way from chance to 100% that "
                          f"counts as learned), got {cfg['learned_frac']}")
+    if cfg['rounding_from'] and not cfg['tables_from']:
+        raise ValueError(f"rounding_from={cfg['rounding_from']!r} compares two results files: name the first "
+                         f"with tables_from (e.g. --tables_from=docs/results/che_bucket_sort_5x.json)")
     if cfg['dtype'] not in ('auto', 'float32', 'bfloat16', 'float16'):
         raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {cfg['dtype']!r}")
     check_device(cfg['device'])

@@ -588,6 +588,38 @@ def mean_ci(values, level=0.95):
     return float(v.mean()), float(v.mean()) - half, float(v.mean()) + half
 
 
+
+def beta_quantile(q, a, b):
+    """x with I_x(a, b) = q, by bisection on betainc (monotone in x)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if betainc(a, b, mid) < q:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-15:
+            break
+    return (lo + hi) / 2
+
+
+def binomial_ci(k, n, level=0.95):
+    """The exact (Clopper-Pearson) confidence interval of a proportion, k successes of n: (lo, hi), each in
+    [0, 1]. Its coverage is at least `level` for every true proportion, which is what 'learned in k of n seeds'
+    with n of 3 to 10 needs: a normal interval would cover 10 of 10 with [1, 1]."""
+    if not 0 <= k <= n or n < 1:
+        raise ValueError(f"binomial_ci needs 0 <= k <= n and n >= 1, got k={k}, n={n}")
+    tail = (1 - level) / 2
+    lo = 0.0 if k == 0 else beta_quantile(tail, k, n - k + 1)
+    hi = 1.0 if k == n else beta_quantile(1 - tail, k + 1, n - k)
+    return lo, hi
+
+
+def k_of_n_text(k, n, level=0.95):
+    """'7 of 10 [35, 93]%': a count of seeds with its exact binomial interval, in percent."""
+    lo, hi = binomial_ci(k, n, level)
+    return f"{k} of {n} [{100 * lo:.0f}, {100 * hi:.0f}]%"
+
 # -----------------------------------------------------------------------------
 # statistics that fit a few seeds a side: the exact permutation test (its p cannot go below what the sample
 # sizes allow, where Welch's can), Holm's adjustment for the comparisons of one table, and Welch's t interval,

@@ -52,8 +52,8 @@ import time
 import numpy as np
 
 from common import (InputError, auto_labels, autocast, checkpoints_and_config, compare_means, difference_text,
-                    find_checkpoints, format_table, group_over_seeds, holm_over, interval_text, jsonable, load_run,
-                    load_val, mean_std_text, p_text, parse_list, pick_device, pick_dtype, resolve_data_dir,
+                    find_checkpoints, format_table, group_over_seeds, holm_over, interval_text, jsonable, k_of_n_text,
+                    load_run, load_val, mean_std_text, p_text, parse_list, pick_device, pick_dtype, resolve_data_dir,
                     rope_scaling_options, tests_caption, trained_by, training_setting)
 from configurator import ConfigError
 from passkey import DIGITS, chance_logp_per_digit, passkey_prompts, score_prompts, summarize
@@ -164,7 +164,8 @@ def summary_table(rows, lens, metric, markdown=False):
 
 def group_table(groups, lens, metric, markdown=False):
     """The groups of seeds: a row each, a column per length; the metric's mean ± sample std over seeds
-    (of the per-seed means over depths), and how many seeds learned the task at the training length."""
+    (of the per-seed means over depths), and how many seeds learned the task at the training length, with the
+    exact binomial interval of that share."""
     def cell(c):
         if isinstance(c, str):
             return c
@@ -174,9 +175,9 @@ def group_table(groups, lens, metric, markdown=False):
         if metric == 'accuracy':
             return mean_std_text(100 * m, None if s is None else 100 * s, '{:.0f}', '%')
         return mean_std_text(m, s, '{:.3f}')
-    header = ['model', 'seeds', 'learned'] + [str(L) for L in lens]
+    header = ['model', 'seeds', 'learned [95% interval]'] + [str(L) for L in lens]
     out = [[g['label'], ','.join(str(s) for s in g['seeds']),
-            'n/a' if g['learned'] is None else f"{g['learned']} of {g['n']}"] + [cell(g['per_length'][L]) for L in lens]
+            'n/a' if g['learned'] is None else k_of_n_text(g['learned'], g['n'])] + [cell(g['per_length'][L]) for L in lens]
            for g in groups]
     return format_table(header, out, markdown)
 
@@ -419,7 +420,7 @@ def learned_text(learned_exact):
     when = (f"the rule since {since}" if learned_exact == rule else
             f"this evaluation's rule; the standing one, set on {since}, is {100 * rule:.0f}%")
     return (f"learned: seeds with an exact match of at least {100 * learned_exact:.0f}% at their training length "
-            f"({when})")
+            f"({when}), with the exact (Clopper-Pearson) 95% interval of the share of seeds")
 
 
 def comparison_caption(comparisons, lens):

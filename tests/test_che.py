@@ -715,16 +715,17 @@ def test_seeds_table_counts_learned_seeds_and_pairs_dape_with_its_baseline():
     cfg = _cfg(seeds='0,1,2', learning_rate=1e-3)
     table = C.seeds_table(cells, ['reverse_string'], columns, cfg)
     header = [c.strip() for c in table.splitlines()[0].strip('|').split('|')]
-    assert header == ['Task', 'Encoding', 'Random', 'learned', 'ID', 'ID per seed', 'OOD (learned seeds)',
-                      'OOD per seed']
+    assert header == ['Task', 'Encoding', 'Random', 'learned [95% interval]', 'ID', 'ID per seed',
+                      'OOD (learned seeds)', 'OOD per seed']
     # chance 50, learned_frac 0.5: learned from 75% ID on; OOD plays no part
     assert C.learned_threshold(C.TASKS['reverse_string'], cfg) == 75.0
     assert C.learned_threshold(C.TASKS['bucket_sort'], cfg) == 60.0
     alibi = _row(table, '| reverse_string | ALiBi |')
-    assert alibi == ['reverse_string', 'ALiBi', '50', '2 of 3', '80.0 ± 10.0', '80.0, 70.0, 90.0',
+    # the share of seeds with its exact (Clopper-Pearson) interval: 2 of 3 -> [9.4%, 99.2%]
+    assert alibi == ['reverse_string', 'ALiBi', '50', '2 of 3 [9, 99]%', '80.0 ± 10.0', '80.0, 70.0, 90.0',
                      '62.5 ± 3.5', '60.0, (55.0), 65.0']
     dape = _row(table, '| reverse_string | DAPE-ALiBi |')
-    assert dape[3] == '2 of 3' and dape[5] == '75.0, 74.9, 100.0'  # 74.9 is below the threshold
+    assert dape[3] == '2 of 3 [9, 99]%' and dape[5] == '75.0, 74.9, 100.0'  # 74.9 is below the threshold
     assert dape[6:] == ['75.0 ± 7.1', '70.0, (72.0), 80.0']
     pair = _row(table, '| reverse_string | DAPE-ALiBi vs ALiBi |')
     learned, every, ids = (common.compare_means(a, b, bounds=(0.0, 100.0)) for a, b in [
@@ -737,11 +738,11 @@ def test_seeds_table_counts_learned_seeds_and_pairs_dape_with_its_baseline():
     caption = table.splitlines()[-1]
     assert "CHE's rule since 2026-11-24" in caption and 'for the 3 comparisons of this table' in caption
     assert 'Smallest possible exact p: 0.33 with 2 and 2 seeds, 0.1 with 3 and 3 seeds.' in caption
-    assert _row(table, '| reverse_string | Kerple |')[3] == '3 of 3'
+    assert _row(table, '| reverse_string | Kerple |')[3] == '3 of 3 [29, 100]%'
     assert '75% for reverse_string' in table.splitlines()[-1]
     assert not any(line.startswith('| reverse_string | DAPE-Kerple') for line in table.splitlines())
     other = C.seeds_table(cells, ['reverse_string'], columns, dict(cfg, learned_frac=0.1))
-    assert _row(other, '| reverse_string | ALiBi |')[3] == '3 of 3'  # 55% is enough
+    assert _row(other, '| reverse_string | ALiBi |')[3] == '3 of 3 [29, 100]%'  # 55% is enough
     assert "this run's rule; CHE's, set on 2026-11-24, is 0.5" in other.splitlines()[-1]
 
 
@@ -768,8 +769,8 @@ def test_seeds_table_rows_per_learning_rate_and_unservable_runs():
         cells[key]['runs'] += _cell(*key, lr_runs, lr=1e-4)['runs']
     cfg = _cfg(seeds='0,1', learning_rates='1e-4,1e-3')
     table = C.seeds_table(cells, ['even_pairs'], [('alibi', 'none'), ('alibi', 'v1')], cfg)
-    assert _row(table, '| even_pairs | ALiBi | 0.001 |')[4:7] == ['2 of 2', '91.0 ± 1.4', '90.0, 92.0']
-    assert _row(table, '| even_pairs | ALiBi | 0.0001 |')[4:9] == ['0 of 2', '51.0 ± 1.4', '50.0, 52.0', '-',
+    assert _row(table, '| even_pairs | ALiBi | 0.001 |')[4:7] == ['2 of 2 [16, 100]%', '91.0 ± 1.4', '90.0, 92.0']
+    assert _row(table, '| even_pairs | ALiBi | 0.0001 |')[4:9] == ['0 of 2 [0, 84]%', '51.0 ± 1.4', '50.0, 52.0', '-',
                                                                   '(50.0), (51.0)']
     import common
     c = common.compare_means([70.0, 71.0], [60.0, 62.0], bounds=(0.0, 100.0))
@@ -806,7 +807,11 @@ def test_saved_runs_give_the_same_tables(tmp_path):
     assert runs[0]['commit'] == common.code_version() and runs[0]['machine'] == common.machine_text('cpu')
     assert runs[0]['date'] == __import__('datetime').date.today().isoformat()
     cfg = configure({k: getattr(C, k) for k in C.config_keys}, args)
-    assert C.main(args + [f'--tables_from={saved}']) == C.seeds_table(cells, ['bucket_sort'], C.grid_columns(cfg), cfg)
+    # with each run's accuracy per test length, so that the tables per length come from the file too
+    assert runs[0]['per_length'] == cells[('bucket_sort', 'alibi', 'none')]['runs'][0]['per_length']
+    assert C.main(args + [f'--tables_from={saved}']) == (
+        C.seeds_table(cells, ['bucket_sort'], C.grid_columns(cfg), cfg) + '\n\nPer test length:\n\n'
+        + C.length_tables(cells, ['bucket_sort'], C.grid_columns(cfg), cfg))
 
 
 def test_save_runs_merges_reruns_into_a_results_file(tmp_path):
@@ -893,3 +898,77 @@ def test_dape_with_f_zero_at_init_is_a_column_of_its_own(tmp_path):
         'DAPE-ALiBi vs ALiBi', 'DAPE-ALiBi (zero init) vs ALiBi', 'DAPE-ALiBi (zero init) vs DAPE-ALiBi']
     with pytest.raises(ValueError, match="unknown dape_init='small'"):
         C.check_config(_cfg(pos='alibi', dape='v1:small'))
+
+
+def _runs_with_lengths(task, pos, dape, figures, machine='cpu, AVX512 kernels, torch'):
+    """A cell whose runs keep their accuracy per test length: figures [(seed, ID, {N: accuracy})], OOD their mean."""
+    runs = [{'seed': s, 'learning_rate': 1e-3, 'id_score': i, 'score': float(np.mean(list(acc.values()))),
+             'per_length': {str(N): a for N, a in acc.items()}, 'machine': machine} for s, i, acc in figures]
+    return {'task': task, 'pos': pos, 'dape': dape, 'runs': runs}
+
+
+def test_length_tables_give_every_seed_at_every_length_and_each_dape_difference():
+    """Per test length: each encoding's mean ± sample std over every seed, the seed that did not learn the task
+    included (no threshold decides these); then DAPE-X minus X at each length with Welch's, the exact and Holm's
+    p, Holm over every length of every pair (one table). No table where the runs keep no per-length figures."""
+    import common
+    base = [(0, 90.0, {41: 60.0, 51: 50.0}), (1, 30.0, {41: 20.0, 51: 22.0}), (2, 80.0, {41: 64.0, 51: 40.0})]
+    dape = [(0, 95.0, {41: 70.0, 51: 61.0}), (1, 91.0, {41: 75.0, 51: 58.0}), (2, 99.0, {41: 80.0, 51: 65.0})]
+    cells = {('bucket_sort', 'alibi', 'none'): _runs_with_lengths('bucket_sort', 'alibi', 'none', base),
+             ('bucket_sort', 'alibi', 'v1'): _runs_with_lengths('bucket_sort', 'alibi', 'v1', dape)}
+    columns = [('alibi', 'none'), ('alibi', 'v1')]
+    cfg = _cfg(seeds='0,1,2', learning_rate=1e-3)
+    table = C.length_tables(cells, ['bucket_sort'], columns, cfg)
+    assert _row(table, '| 41 |') == ['41', C._mean_std_text([60.0, 20.0, 64.0]), C._mean_std_text([70.0, 75.0, 80.0])]
+    assert _row(table, '| 51 |')[1] == C._mean_std_text([50.0, 22.0, 40.0])  # seed 1 (ID 30%) counts here
+    at = {N: common.compare_means([r[2][N] for r in dape], [r[2][N] for r in base], bounds=(0.0, 100.0)) for N in (41, 51)}
+    assert common.holm_over(list(at.values())) == 2
+    for N in (41, 51):
+        assert _row(table, f'| DAPE-ALiBi minus ALiBi | {N} |')[2:] == _cells(at[N])
+    assert 'for the 2 comparisons of this table' in table
+    assert 'mean ± sample std over every seed (0,1,2), whether or not it learned the task' in table
+    plain = {k: _cell(*k, [(r['seed'], r['id_score'], r['score']) for r in c['runs']]) for k, c in cells.items()}
+    assert C.length_tables(plain, ['bucket_sort'], columns, cfg) == ''
+
+
+def test_retest_tables_pair_the_same_runs_under_two_roundings():
+    """The test-retest: only runs in both files count; per encoding, how many seeds learned under each rounding
+    and how many changed sides, Pearson's r and the mean move of ID, OOD and the per-length figures; per run,
+    both roundings side by side; and every comparison of the tables, each computed under each rounding as its
+    table computes it, with whether its conclusion (ahead or behind, significant or not) holds under both."""
+    import common
+    a_base = [(s, 70.0 + 5 * s, {41: 50.0 + s, 51: 40.0 + 2 * s}) for s in range(4)]
+    a_dape = [(s, 80.0 + 4 * s, {41: 60.0 + s, 51: 45.0 + s}) for s in range(4)]
+    b_base = [(s, 71.0 + 5 * s, {41: 50.5 + s, 51: 48.0 + s}) for s in range(4)]
+    b_dape = [(0, 30.0, {41: 61.0, 51: 44.0})] + [(s, 80.5 + 4 * s, {41: 61.0 + s, 51: 43.0 + s}) for s in range(1, 4)]
+    other = 'cpu, DEFAULT kernels, torch'
+    cells_a = {('bucket_sort', 'alibi', d): _runs_with_lengths('bucket_sort', 'alibi', d, runs + [(9, 99.0, {41: 1.0, 51: 1.0})])
+               for d, runs in (('none', a_base), ('v1', a_dape))}  # seed 9: in the first file only
+    cells_b = {('bucket_sort', 'alibi', d): _runs_with_lengths('bucket_sort', 'alibi', d, runs, other)
+               for d, runs in (('none', b_base), ('v1', b_dape))}
+    cfg = _cfg(seeds='0,1,2,3', learning_rate=1e-3)
+    table = C.retest_tables(cells_a, cells_b, ['bucket_sort'], [('alibi', 'none'), ('alibi', 'v1')], cfg)
+    lines = table.splitlines()
+    assert lines[0].startswith('| Task | Encoding | seeds | learned, AVX512 | learned, DEFAULT | changed sides |')
+    dape = _row(table, '| bucket_sort | DAPE-ALiBi | 4 |')
+    ids = [r[1] for r in a_dape], [r[1] for r in b_dape]
+    assert dape[3:6] == [common.k_of_n_text(4, 4), common.k_of_n_text(3, 4), '1']  # seed 0: 80% then 30% (< 60%)
+    assert dape[6] == f"{np.corrcoef(*ids)[0, 1]:+.2f}"
+    assert dape[7] == f"{np.mean(np.abs(np.subtract(*ids))):.1f}"
+    lens = ([r[2][N] for r in a_dape for N in (41, 51)], [r[2][N] for r in b_dape for N in (41, 51)])
+    assert dape[10] == f"{np.corrcoef(*lens)[0, 1]:+.2f}"
+    assert _row(table, '| all | all | 8 |')[5] == '1'
+    assert _row(table, '| bucket_sort | DAPE-ALiBi | 0 |')[3:5] == ['yes / no', '80.0 / 30.0']
+    assert not any(line.startswith('| bucket_sort | ALiBi | 9 |') for line in lines)  # not in both: not counted
+    # ID over every seed: DAPE ahead under the first rounding, behind under the second
+    assert _row(table, '| bucket_sort | DAPE-ALiBi vs ALiBi | ID, every seed |')[-1] == 'no'
+    assert _row(table, '| bucket_sort | DAPE-ALiBi vs ALiBi | OOD, every seed |')[-1] == 'yes'
+    # per length: DAPE ahead at 41 under both; at 51 ahead under the first only (45+s vs 40+2s; 43+s vs 48+s)
+    per_length = _row(table, '| bucket_sort | DAPE-ALiBi vs ALiBi | OOD at each of 2 lengths |')
+    assert per_length[3].startswith('ahead at 2,') and per_length[4].startswith('ahead at 1,')
+    assert per_length[5] == 'at 1 of 2; not at N=51'
+    held = sum(line.endswith('| yes |') for line in lines) + 1
+    assert lines[-1].endswith(f'{held} of 5 conclusions hold under both.')
+    assert 'seeds 0,1,2,3' in lines[-1]
+    with pytest.raises(ValueError, match='rounding_from=.*name the first with tables_from'):
+        C.check_config(_cfg(rounding_from='x.json'))

@@ -478,9 +478,9 @@ def test_eval_passkey_groups_seeds_by_hand(tmp_path, monkeypatch):
     # learned at the training length (96): seeds 1 (100%) and 2 (67%), not seed 3 (33%)
     assert (g['learned'], lr['learned'], lr['per_length'][96]['accuracy']['std']) == (2, 0, None)
     md = open(os.path.join(root, 'res', 'passkey.md')).read()
-    assert '| kerple | 1,2,3 | 2 of 3 | 67% ± 33 | 11% ± 19 |' in md
-    assert '| kerple | 1,2,3 | 2 of 3 | -1.000 ± 0.500 | -2.000 ± 1.000 |' in md
-    assert '| kerple[learning_rate=0.001] | 1 | 0 of 1 | 0% | 0% |' in md
+    assert '| kerple | 1,2,3 | 2 of 3 [9, 99]% | 67% ± 33 | 11% ± 19 |' in md
+    assert '| kerple | 1,2,3 | 2 of 3 [9, 99]% | -1.000 ± 0.500 | -2.000 ± 1.000 |' in md
+    assert '| kerple[learning_rate=0.001] | 1 | 0 of 1 [0, 98]% | 0% | 0% |' in md
     saved = json.load(open(os.path.join(root, 'res', 'passkey.json')))
     assert saved['groups'][0]['learned'] == 2 and saved['protocol']['learned_exact'] == 0.5
 
@@ -542,12 +542,13 @@ def test_tables_from_a_results_file(tmp_path):
         return EP.main([f'--tables_from={path}'])
 
     text = tables(rows)
-    assert '| kerple | 1,2 | 2 of 2 | 100% ± 0 | 40% ± 14 |' in text
+    assert '| kerple | 1,2 | 2 of 2 [16, 100]% | 100% ± 0 | 40% ± 14 |' in text
     assert '| k_s2 | 100% | 30% |' in text
     assert 'mean ± sample std over seeds 1,2;' in text
     # the rule for learned, with the day it was set
     assert 'learned: seeds with an exact match of at least 50% at their training length (the rule since 2026-11-24)' in text
-    assert EP.learned_text(0.7).endswith("(this evaluation's rule; the standing one, set on 2026-11-24, is 50%)")
+    assert EP.learned_text(0.7).endswith("(this evaluation's rule; the standing one, set on 2026-11-24, is 50%), "
+                                             "with the exact (Clopper-Pearson) 95% interval of the share of seeds")
     # models over different seeds: the header must not claim one set for all of them
     text = tables(rows + [_row('r_s3', 'rope', 3, [1.0, 0.0])])
     assert "mean ± sample std over each model's seeds (its seeds column);" in text and 'seeds 1,2,3' not in text

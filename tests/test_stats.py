@@ -1,5 +1,6 @@
 """common.py's statistics for a few seeds a side: the exact permutation test, Holm's adjustment, Welch's t
-interval of a bounded difference cut to the possible range, and compare_means, which carries them into the tables. Each is checked
+interval of a bounded difference cut to the possible range, compare_means, which carries them into the tables, and
+the exact binomial interval of a count of seeds. Each is checked
 against a computation by hand or by its definition, and, where scipy is installed (bash test.sh installs it),
 against scipy.stats."""
 
@@ -310,3 +311,41 @@ def test_holm_over_a_table_its_caption_and_significance():
     assert common.significance(ten[0]) == 'higher' and common.significance(dict(ten[0], diff=-1.0)) == 'lower'
     assert 'can reach' not in common.tests_caption(ten) and '1.1e-05 with 10 and 10 seeds' in common.tests_caption(ten)
     assert common.tests_caption([{'status': 'n/a: zero variance'}]) == ''
+
+
+# -----------------------------------------------------------------------------
+# the exact binomial interval of 'learned in k of n seeds'
+
+
+def binomial_tail(k, n, p, upper):
+    """P(X >= k) (upper) or P(X <= k) for X ~ Binomial(n, p), summed term by term."""
+    terms = range(k, n + 1) if upper else range(0, k + 1)
+    return sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in terms)
+
+
+def test_binomial_ci_by_hand():
+    """The ends where a closed form exists, and the defining tail probabilities where it does not: the lower
+    end p_lo has P(X >= k | p_lo) = 2.5%, the upper end p_hi has P(X <= k | p_hi) = 2.5%."""
+    assert common.binomial_ci(10, 10) == pytest.approx((0.025 ** (1 / 10), 1.0), abs=1e-12)
+    assert common.binomial_ci(0, 3) == pytest.approx((0.0, 1 - 0.025 ** (1 / 3)), abs=1e-12)
+    assert common.binomial_ci(1, 1) == pytest.approx((0.025, 1.0), abs=1e-12)
+    for k, n in [(1, 3), (2, 3), (7, 10), (1, 10), (5, 9), (3, 5)]:
+        lo, hi = common.binomial_ci(k, n)
+        assert 0 < lo < k / n < hi < 1
+        assert binomial_tail(k, n, lo, upper=True) == pytest.approx(0.025, abs=1e-10)
+        assert binomial_tail(k, n, hi, upper=False) == pytest.approx(0.025, abs=1e-10)
+    assert common.k_of_n_text(7, 10) == '7 of 10 [35, 93]%'
+    assert common.k_of_n_text(3, 3) == '3 of 3 [29, 100]%'
+    for k, n in [(-1, 3), (4, 3), (0, 0)]:
+        with pytest.raises(ValueError, match='binomial_ci needs'):
+            common.binomial_ci(k, n)
+
+
+def test_binomial_ci_against_scipy():
+    stats = pytest.importorskip('scipy.stats')
+    for n in range(1, 21):
+        for k in range(n + 1):
+            ci = stats.binomtest(k, n).proportion_ci(0.95, method='exact')
+            assert common.binomial_ci(k, n) == pytest.approx((ci.low, ci.high), abs=1e-9), (k, n)
+    ci = stats.binomtest(4, 12).proportion_ci(0.9, method='exact')
+    assert common.binomial_ci(4, 12, level=0.9) == pytest.approx((ci.low, ci.high), abs=1e-9)
