@@ -285,15 +285,16 @@ def _run_path(cfg):
 # (resume=True) whatever they are
 _NOT_RESULT_KEYS = {'out_dir', 'plot', 'resume', 'grid', 'grid_tasks', 'grid_pos', 'grid_dape', 'grid_dape_pos',
                     'seeds', 'learning_rates', 'log_interval', 'compile', 'learned_frac', 'save_runs',
-                    'tables_from'}
+                    'tables_from', 'rounding_from'}
 
 
 def _same_run(saved, cfg):
     return all(saved.get(k) == v for k, v in cfg.items() if k not in _NOT_RESULT_KEYS)
 
 
-def run_one(cfg, log=print):
-    """Train and evaluate one run: one (task, pos, dape) at one seed and learning rate.
+def run_one(cfg, log=print, command='unknown'):
+    """Train and evaluate one run: one (task, pos, dape) at one seed and learning rate, recorded with where it
+    was trained ('trained': common.provenance of `command`: the rounding a later save cannot know).
     -> result dict (also written to out_dir/runs/ as JSON, which resume=True reuses)."""
     if cfg['out_dir'] and cfg['resume'] and os.path.exists(_run_path(cfg)):
         with open(_run_path(cfg)) as f:
@@ -312,7 +313,8 @@ def run_one(cfg, log=print):
     result = {'task': task.name, 'level': task.level, 'pos': cfg['pos'], 'dape': cfg['dape'],
               'encoding': label, 'seed': cfg['seed'], 'learning_rate': cfg['learning_rate'],
               'random_baseline': 100 * task.random_baseline,
-              'device': device, 'dtype': dtype_name, 'config': dict(cfg)}
+              'device': device, 'dtype': dtype_name, 'config': dict(cfg),
+              'trained': provenance(command, torch.device(device).type)}
     log(f"== {task.name} | {label} (pos={cfg['pos']}, dape={cfg['dape']}), seed {cfg['seed']}, "
         f"lr {cfg['learning_rate']:g}, on {device} ({dtype_name})")
     model = build_model(task, cfg).to(device)
@@ -385,12 +387,12 @@ def summarize(runs):
     return out
 
 
-def run_cell(cfg, log=print):
+def run_cell(cfg, log=print, command='unknown'):
     """One (task, pos, dape) at every seed x learning rate: each run trained and evaluated (or reused,
     resume=True). -> the cell: its runs and their max and mean (also written as JSON, with a plot)."""
     task = get_task(cfg['task'])
     seeds, rates = parse_seeds(cfg), parse_learning_rates(cfg)
-    runs = [run_one(dict(cfg, seed=s, learning_rate=lr), log) for lr in rates for s in seeds]
+    runs = [run_one(dict(cfg, seed=s, learning_rate=lr), log, command) for lr in rates for s in seeds]
     cell = {'task': task.name, 'level': task.level, 'pos': cfg['pos'], 'dape': cfg['dape'],
             'encoding': encoding_label(cfg['pos'], cfg['dape']), 'random_baseline': 100 * task.random_baseline,
             'seeds': seeds, 'learning_rates': rates, 'n_runs': len(runs),
@@ -778,7 +780,8 @@ def run_key(r):
 
 def compact_runs(cells):
     """Each run's figures that the tables over seeds and per length are made of, one small dict a run (what a
-    results file in the repository holds; the runs' own JSON in out_dir/runs/ has everything else)."""
+    results file in the repository holds; the runs' own JSON in out_dir/runs/ has everything else), with where
+    it was trained (commit, command, machine, date) where its record says."""
     keep = ('task', 'pos', 'dape', 'seed', 'learning_rate', 'id_score', 'score', 'device', 'id_per_length', 'per_length')
     out = []
     for c in cells.values():
@@ -787,20 +790,22 @@ def compact_runs(cells):
             run['variants'] = {v: x['score'] for v, x in r.get('variants', {}).items()}
             if 'train' in r:
                 run['train_time_s'] = round(r['train']['time_s'], 1)
+            run.update(r.get('trained', {}))
             out.append(run)
     return sorted(out, key=run_key)
 
 
 def merge_runs(path, runs, origin=None):
     """Merge runs (compact_runs) into the results file `path`, each marked source: run and with where it came
-    from (`origin`: common.provenance's commit, command, machine and date): a run of the same task, encoding,
-    learning rate and seed is replaced (a rerun of a seed replaces its earlier figures), the others are kept,
-    and so are the file's other fields; written whole or not at all."""
+    from (its own record of where it was trained, else `origin`: common.provenance's commit, command, machine
+    and date, of the save): a run of the same task, encoding, learning rate and seed is replaced (a rerun of a
+    seed replaces its earlier figures), the others are kept, and so are the file's other fields; written whole
+    or not at all."""
     saved = {'runs': []}
     if os.path.exists(path):
         with open(path) as f:
             saved = json.load(f)
-    new = {run_key(r): dict(r, source='run', **(origin or {})) for r in runs}
+    new = {run_key(r): {**(origin or {}), **r, 'source': 'run'} for r in runs}
     saved['runs'] = sorted([r for r in saved['runs'] if run_key(r) not in new] + list(new.values()), key=run_key)
     _write_json(path, saved)
 
@@ -989,7 +994,7 @@ def run_grid(cfg, log=print, command='unknown (che_tasks.run_grid called in a pr
         for p, d in columns:
             one = dict(cfg, task=t, pos=p, dape=d, plot=False)
             try:
-                cells[(t, p, d)] = run_cell(one, log)
+                cells[(t, p, d)] = run_cell(one, log, command)
             except ValueError as e:  # a configuration the model rejects: record, go on
                 log(f"== {t} | {encoding_label(p, d)}: error: {e}")
                 cells[(t, p, d)] = {'task': t, 'pos': p, 'dape': d, 'error': str(e)}
@@ -1139,7 +1144,7 @@ def main(argv=None):
         print(table)
         return table
     command = shlex.join(['python', 'che_tasks.py', *(sys.argv[1:] if argv is None else argv)])
-    return run_grid(config, command=command) if config['grid'] else run_cell(config)
+    return run_grid(config, command=command) if config['grid'] else run_cell(config, command=command)
 
 
 if __name__ == '__main__':

@@ -972,3 +972,27 @@ def test_retest_tables_pair_the_same_runs_under_two_roundings():
     assert 'seeds 0,1,2,3' in lines[-1]
     with pytest.raises(ValueError, match='rounding_from=.*name the first with tables_from'):
         C.check_config(_cfg(rounding_from='x.json'))
+
+
+def test_a_saved_run_keeps_where_it_was_trained(tmp_path):
+    """A run records where it was trained; a later save (resume=True reuses it, perhaps under another rounding or
+    commit) writes that record, and the save's own provenance only for runs without one."""
+    cells = {('bucket_sort', 'alibi', 'none'): _cell('bucket_sort', 'alibi', 'none', [(0, 80.0, 70.0), (1, 81.0, 71.0)])}
+    trained = {'commit': 'abc1234', 'command': 'python che_tasks.py --seeds=0', 'machine': 'cpu, DEFAULT kernels, torch',
+               'date': '2026-11-28'}
+    for r in cells[('bucket_sort', 'alibi', 'none')]['runs']:
+        r.update(task='bucket_sort', pos='alibi', dape='none')
+    cells[('bucket_sort', 'alibi', 'none')]['runs'][0]['trained'] = trained
+    saved = {'commit': 'def5678', 'command': 'python che_tasks.py --save_runs=x', 'machine': 'cpu, AVX512 kernels, torch',
+             'date': '2026-11-29'}
+    path = tmp_path / 'runs.json'
+    C.merge_runs(str(path), C.compact_runs(cells), saved)
+    runs = {r['seed']: r for r in json.loads(path.read_text())['runs']}
+    assert {k: runs[0][k] for k in trained} == trained
+    assert {k: runs[1][k] for k in saved} == saved
+    # and a run trained here records it
+    cfg = _cfg(task='bucket_sort', pos='alibi', seed=0, max_iters=1, batch_size=2, eval_samples=1, eval_batch_size=1,
+               eval_draws=1, eval_min_len=41, eval_max_len=41, id_stride=40, out_dir='', plot=False)
+    run = C.run_one(cfg, log=lambda *a: None, command='python che_tasks.py --x')
+    import common
+    assert run['trained'] == common.provenance('python che_tasks.py --x', 'cpu')
