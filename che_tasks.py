@@ -866,7 +866,10 @@ def _verdict(c):
 
 
 def _holds(ca, cb):
-    return ca['status'] == cb['status'] == 'ok' and _verdict(ca) == _verdict(cb)
+    """Whether a conclusion holds under both roundings: True, False, or None where either has no test."""
+    if not ca['status'] == cb['status'] == 'ok':
+        return None
+    return _verdict(ca) == _verdict(cb)
 
 
 def retest_tables(cells_a, cells_b, tasks, columns, cfg):
@@ -934,32 +937,35 @@ def retest_tables(cells_a, cells_b, tasks, columns, cfg):
         name = f"{encoding_label(k[1], k[2])} vs {encoding_label(k[1], base[2])}"
         for what, x, y in zip(('OOD, learned seeds', 'OOD, every seed', 'ID, every seed'), ca, cb):
             ok = _holds(x, y)
-            held, total = held + ok, total + 1
+            held, total = held + bool(ok), total + (ok is not None)
             checks.append(f"| {k[0]} | {name} | {what} | {cell(x)} ({_verdict(x)}) | {cell(y)} ({_verdict(y)}) | "
-                          f"{'yes' if ok else 'no'} |")
+                          f"{'n/a' if ok is None else 'yes' if ok else 'no'} |")
     for t in tasks:
         la_rows, lb_rows = [r for r in rows_a if r[0] == t], [r for r in rows_b if r[0] == t]
         (ca_all, lengths), (cb_all, _) = length_comparisons(la_rows), length_comparisons(lb_rows)
         for (k, base, ca), (_, _, cb) in zip(ca_all, cb_all):
             name = f"{encoding_label(k[1], k[2])} vs {encoding_label(k[1], base[2])}"
-            same = [N for N in lengths if _holds(ca[N], cb[N])]
-            other = [N for N in lengths if N not in same]
+            tested = [N for N in lengths if _holds(ca[N], cb[N]) is not None]
+            same = [N for N in tested if _holds(ca[N], cb[N])]
+            other = [N for N in tested if N not in same]
             count = lambda cs: (f"ahead at {sum(c['status'] == 'ok' and c['diff'] > 0 for c in cs.values())}, "
                                 f"significantly at {sum(significance(c) == 'higher' for c in cs.values())}; behind "
                                 f"significantly at {sum(significance(c) == 'lower' for c in cs.values())}")
-            held, total = held + len(same), total + len(lengths)
+            held, total = held + len(same), total + len(tested)
             checks.append(f"| {t} | {name} | OOD at each of {len(lengths)} lengths | {count(ca)} | {count(cb)} | "
-                          f"at {len(same)} of {len(lengths)}" + (f"; not at N={','.join(map(str, other))}" if other else '')
-                          + ' |')
+                          + (f"at {len(same)} of {len(tested)}" + (f"; not at N={','.join(map(str, other))}" if other else '')
+                             if tested else 'n/a') + ' |')
     seeds = sorted({r['seed'] for *_, runs, _ in rows_a for r in runs})
     caption = (f"The same runs (seeds {','.join(map(str, seeds))}) trained under two roundings of one machine: "
-               f"ATen's {a_name} kernels and its {b_name} ones (ATEN_CPU_CAPABILITY=default), otherwise identical. "
-               f"learned: as in the tables over seeds, with the exact 95% interval; changed sides: runs learned under "
+               f"ATen's {a_name} kernels and its {b_name} kernels, otherwise identical"
+               + (" (DEFAULT: ATEN_CPU_CAPABILITY=default, ATen's plain C++ kernels). " if 'DEFAULT' in (a_name, b_name) else ". ")
+               + f"learned: as in the tables over seeds, with the exact 95% interval; changed sides: runs learned under "
                f"one and not the other. r: Pearson's correlation between the two roundings over the seeds (per length: "
                f"over every seed and test length); mean move: the mean absolute difference, in accuracy points. "
                f"Comparisons: each as its table computes it under each rounding (Holm over that table); ahead or "
-               f"behind, * where Holm's exact p is below {ALPHA:g}; it holds where both say the same. "
-               f"{held} of {total} conclusions hold under both.")
+               f"behind, * where Holm's exact p is below {ALPHA:g}; it holds where both say the same (n/a: no test "
+               f"under one of them, fewer than two seeds a side or not servable). {held} of {total} conclusions "
+               f"hold under both.")
     return '\n'.join(summary) + '\n\n' + '\n'.join(per_run) + '\n\n' + '\n'.join(checks) + '\n\n' + caption
 
 
