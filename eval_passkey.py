@@ -40,6 +40,11 @@ p with its Holm adjustment over the table's comparisons, over the seeds that lea
 
     python eval_passkey.py --tables_from=docs/results/passkey_cpu.json     # a results page's tables again
     python eval_passkey.py out-passkey/kerple_s6 --save_runs=docs/results/passkey_cpu.json  # a run added to them
+    python eval_passkey.py --tables_from=docs/results/passkey_X.json --rounding_from=docs/results/passkey_X_default.json
+
+The last: the same runs trained under two roundings of one machine (ATen's vector kernels, and
+ATEN_CPU_CAPABILITY=default), each file saved by --save_runs: their test-retest (retest_tables), whether a
+run learns retrieval and whether a comparison's conclusion survives a change of rounding alone.
 """
 
 import dataclasses
@@ -51,10 +56,10 @@ import time
 
 import numpy as np
 
-from common import (InputError, auto_labels, autocast, checkpoints_and_config, compare_means, difference_text,
+from common import (ALPHA, InputError, auto_labels, autocast, checkpoints_and_config, compare_means, difference_text,
                     find_checkpoints, format_table, group_over_seeds, holm_over, interval_text, jsonable, k_of_n_text,
                     load_run, load_val, mean_std_text, p_text, parse_list, pick_device, pick_dtype, resolve_data_dir,
-                    rope_scaling_options, tests_caption, trained_by, training_setting)
+                    rope_scaling_options, significance, tests_caption, trained_by, training_setting)
 from configurator import ConfigError
 from passkey import DIGITS, chance_logp_per_digit, passkey_prompts, score_prompts, summarize
 from positional import rope_scaling_label, set_rope_scaling
@@ -82,6 +87,8 @@ dtype = 'auto'           # auto: bfloat16 autocast on a GPU that supports it, el
 out_dir = 'results/passkey'
 plot = True
 tables_from = ''         # a passkey.json: print its tables over seeds (Markdown, as the results pages show them)
+rounding_from = ''       # with tables_from: the same runs trained under another rounding (a results file):
+                         # print the test-retest tables of the two instead
 save_runs = ''           # a results file (docs/results/passkey_cpu.json): add these runs' figures to it
 config_keys = [k for k in globals() if k not in _names_before_config and not k.startswith('_')]
 # learned_exact's default, the rule for 'learned' of every results page, and the day it was set (git log -S
@@ -520,6 +527,171 @@ def merge_runs(path, protocol, rows):
     print(f"{len(kept)} run(s) saved in {path}")
 
 
+# -----------------------------------------------------------------------------
+# the test-retest: the same runs trained under two roundings
+
+
+def kernels_of(rows):
+    """Which of ATen's vector kernels trained these runs, as their recorded machine says ('AVX512', 'DEFAULT'),
+    or 'unknown'."""
+    found = {m.group(1) for r in rows for m in re.finditer(r'(\w+) kernels', r.get('machine') or '')}
+    return ', '.join(sorted(found)) or 'unknown'
+
+
+def _pearson(x, y):
+    """Pearson's correlation of two equally long lists; None where either does not vary or has fewer than 3."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if len(x) < 3 or x.std() == 0 or y.std() == 0:
+        return None
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+def _verdict(c):
+    """A comparison as the pages state it: which side is ahead, and '*' where Holm's exact p is below ALPHA."""
+    if c['status'] != 'ok':
+        return c['status']
+    ahead = 'ahead' if c['diff'] > 0 else 'behind' if c['diff'] < 0 else 'level'
+    return ahead + ('*' if significance(c) else '')
+
+
+def _holds(ca, cb):
+    """Whether a conclusion holds under both roundings: True, False, or None where either has no test."""
+    if not ca['status'] == cb['status'] == 'ok':
+        return None
+    return _verdict(ca) == _verdict(cb)
+
+
+def _by_run(rows, which):
+    """{(setting, seed): row} of one file's rows: what pairs a run with its retest (the labels may differ between
+    the files). A (setting, seed) twice is an error: its retest would be ambiguous."""
+    out = {}
+    for r in rows:
+        k = (r['setting'], r['seed'])
+        if k in out:
+            raise InputError(f"--{which}: two runs of {k[0]} with seed {k[1]} ({out[k]['label']} and {r['label']}): "
+                             f"keep one, so that each run has one counterpart under the other rounding")
+        out[k] = r
+    return out
+
+
+def _paired_figures(a, b, lens, metric):
+    """A run's metric under both roundings at each length where both have it: (a's list, b's list)."""
+    pairs = [(a['per_length'][L][metric], b['per_length'][L][metric]) for L in lens
+             if all(isinstance(r['per_length'].get(L), dict) and metric in r['per_length'][L] for r in (a, b))]
+    return [x for x, _ in pairs], [y for _, y in pairs]
+
+
+def retest_tables(protocol, rows_a, rows_b, lens):
+    """A test-retest of the same runs (setting and seed) trained twice, once under each of two roundings (ATen's
+    vector kernels and ATEN_CPU_CAPABILITY=default), rows_a from --tables_from and rows_b from --rounding_from:
+    only runs present in both count, and 'learned' is protocol's rule (learned_exact at the training length, as
+    group_rows decides it) under both. Three Markdown tables and a caption: per model, how many seeds learned
+    under each rounding and how many changed sides, and how the exact match and the log-likelihood per answer
+    token move over every seed and length (Pearson's r between the two, the mean absolute move); per run, learned
+    or not and its figures at the training length and the longest under both; and every comparison the published
+    tables make (compare_groups: DAPE-X against X at each length, over the learned seeds and over all), computed
+    under each rounding as its own table computes it, with whether its conclusion (which side is ahead, and
+    whether Holm's exact p is below ALPHA) holds under both."""
+    by_a, by_b = _by_run(rows_a, 'tables_from'), _by_run(rows_b, 'rounding_from')
+    both = [k for k in by_a if k in by_b]  # in the first file's order: the groups of both come out alike
+    if not both:
+        return 'no run (setting and seed) is in both files'
+    ra, rb = [by_a[k] for k in both], [by_b[k] for k in both]
+    ga, gb = group_rows(ra, lens, protocol['learned_exact']), group_rows(rb, lens, protocol['learned_exact'])
+    ka, kb = kernels_of(ra), kernels_of(rb)
+    a_name, b_name = (ka, kb) if ka != kb else (f"{ka} (tables_from)", f"{kb} (rounding_from)")
+    r_text = lambda r: 'n/a' if r is None else f"{r:+.2f}"
+    move = lambda xs, ys, fmt: fmt.format(np.mean(np.abs(np.subtract(xs, ys)))) if xs else 'n/a'
+    learned = lambda g: 'n/a' if g['learned'] is None else k_of_n_text(g['learned'], g['n'])
+    yes = lambda f: 'n/a' if f is None else 'yes' if f else 'no'
+    changed = lambda fa, fb: sum(x is not None and y is not None and x != y for x, y in zip(fa, fb))
+
+    def figures(runs_a, runs_b):
+        """The cells of table 1 after the learned ones: r and mean move of exact match (points) and log-likelihood."""
+        cells = []
+        for metric, scale, fmt in (('accuracy', 100, '{:.1f}'), ('logp_mean', 1, '{:.3f}')):
+            pairs = [_paired_figures(x, y, lens, metric) for x, y in zip(runs_a, runs_b)]
+            xs, ys = [scale * v for p in pairs for v in p[0]], [scale * v for p in pairs for v in p[1]]
+            cells += [r_text(_pearson(xs, ys)), move(xs, ys, fmt)]
+        return cells
+
+    summary, per_run, flips = [], [], 0
+    for g, h in zip(ga, gb):
+        runs_a, runs_b = [by_a[(g['label'], s)] for s in g['seeds']], [by_b[(g['label'], s)] for s in g['seeds']]
+        f = changed(g['learned_seeds'], h['learned_seeds'])
+        flips += f
+        summary.append([g['label'], ','.join(map(str, g['seeds'])), learned(g), learned(h), str(f)]
+                       + figures(runs_a, runs_b))
+        for x, y, fx, fy in zip(runs_a, runs_b, g['learned_seeds'], h['learned_seeds']):
+            pct = lambda r, L: (f"{100 * r['per_length'][L]['accuracy']:.0f}%"
+                                if isinstance(r['per_length'].get(L), dict) else 'n/a')
+            at = [L for L in lens if isinstance(x['per_length'].get(L), dict) and isinstance(y['per_length'].get(L), dict)]
+            longest = max(at, default=None)
+            lp = lambda r: f"{r['per_length'][longest]['logp_mean']:.3f}" if 'logp_mean' in r['per_length'][longest] else 'n/a'
+            per_run.append([g['label'], str(x['seed']), f"{yes(fx)} / {yes(fy)}",
+                            f"{pct(x, x['block_size'])} / {pct(y, y['block_size'])}",
+                            'n/a' if longest is None else f"{pct(x, longest)} / {pct(y, longest)} (L={longest})",
+                            'n/a' if longest is None else f"{lp(x)} / {lp(y)} (L={longest})"])
+    summary.append(['all', f"{len(ra)} runs", '', '', str(flips)] + figures(ra, rb))
+    # the comparisons, each computed under each rounding as its own table computes it (Holm over that table)
+    count = lambda cs: (f"ahead at {sum(c['status'] == 'ok' and c['diff'] > 0 for c in cs.values())}, "
+                        f"significantly at {sum(significance(c) == 'higher' for c in cs.values())}; behind "
+                        f"significantly at {sum(significance(c) == 'lower' for c in cs.values())}")
+    checks, held, total = [], 0, 0
+    for ca, cb in zip(compare_groups(ga, lens), compare_groups(gb, lens)):
+        for which, name in (('learned_seeds', 'learned'), ('all_seeds', 'all')):
+            tested = [L for L in lens if _holds(ca[which][L], cb[which][L]) is not None]
+            other = [L for L in tested if not _holds(ca[which][L], cb[which][L])]
+            held, total = held + len(tested) - len(other), total + len(tested)
+            checks.append([f"{ca['label']} - {ca['baseline']}", name, count(ca[which]), count(cb[which]),
+                           f"at {len(tested) - len(other)} of {len(tested)}"
+                           + (f"; not at L={','.join(map(str, other))}" if other else '') if tested else 'n/a'])
+    seeds = sorted({r['seed'] for r in ra}, key=lambda s: (s is None, s or 0))
+    text = [format_table(['model', 'seeds', f"learned, {a_name}", f"learned, {b_name}", 'changed sides', 'exact match r',
+                          'exact match mean move', 'log-likelihood r', 'log-likelihood mean move'], summary, True),
+            format_table(['model', 'seed', f"learned, {a_name} / {b_name}",
+                          f"exact match at the training length, {a_name} / {b_name}",
+                          f"exact match at the longest length, {a_name} / {b_name}",
+                          f"log-likelihood at the longest length, {a_name} / {b_name}"], per_run, True)]
+    if checks:
+        text.append(format_table(['DAPE-X minus X', 'seeds', f"{a_name}: exact match at each of {len(lens)} lengths",
+                                  f"{b_name}: exact match at each of {len(lens)} lengths", 'holds under both'],
+                                 checks, True))
+    kernels = (f"ATen's {ka} kernels and its {kb} kernels" if 'unknown' not in (ka, kb) else
+               f"ATen's kernels as the runs record them, {ka} (tables_from) and {kb} (rounding_from; unknown: not recorded)")
+    caption = (f"The same runs (seeds {','.join(map(str, seeds))}) trained under two roundings of one machine: "
+               f"{kernels}, otherwise identical"
+               + (" (DEFAULT: ATEN_CPU_CAPABILITY=default, ATen's plain C++ kernels)" if 'DEFAULT' in (ka, kb) else '') + ". "
+               f"Only runs (model and seed) in both files count. {learned_text(protocol['learned_exact'])}, under each "
+               f"rounding; changed sides: runs learned under one and not the other. r: Pearson's correlation between "
+               f"the two roundings over every seed and length (n/a: fewer than 3 pairs, or one side does not vary); "
+               f"mean move: the mean absolute difference, in points of exact match, in nats of log-likelihood per "
+               f"answer token. Comparisons: DAPE-X minus X's exact match at each length, over the seeds that learned "
+               f"(learned) and over every seed (all), each as its table computes it under each rounding (Holm over that "
+               f"table); ahead, and significantly where Holm's exact p is below {ALPHA:g}; a conclusion (ahead, behind "
+               f"or level, significantly or not) holds where both say the same (n/a: no test under one of them). "
+               f"{held} of {total} conclusions hold under both.")
+    return '\n\n'.join(text + [caption])
+
+
+def retest_tables_from_files(path_a, path_b):
+    """retest_tables of two results files (as tables_from_file reads them) that hold the same runs trained under two
+    roundings; files evaluated with another protocol (SAME_PROTOCOL) are an error: their figures differ for
+    reasons other than the rounding."""
+    def read(path):
+        with open(path) as f:
+            saved = json.load(f)
+        return saved['protocol'], [dict(r, per_length={int(L): c for L, c in r['per_length'].items()})
+                                   for r in saved['rows']]
+    (pa, rows_a), (pb, rows_b) = read(path_a), read(path_b)
+    differ = [k for k in SAME_PROTOCOL if pa.get(k) != pb.get(k)]
+    if differ:
+        raise InputError(f"--rounding_from: the two files were evaluated differently, "
+                         + ', '.join(f"{k} {pa.get(k)!r} in {path_a} and {pb.get(k)!r} in {path_b}" for k in differ)
+                         + ": a test-retest needs the same evaluation of both; evaluate them alike")
+    return retest_tables(pa, rows_a, rows_b, pa['lengths'])
+
+
 def write_outputs(cfg, protocol, rows, lens, groups=(), comparisons=()):
     out = cfg['out_dir']
     os.makedirs(out, exist_ok=True)
@@ -570,10 +742,15 @@ def write_outputs(cfg, protocol, rows, lens, groups=(), comparisons=()):
 def main(argv=None):
     paths, cfg = checkpoints_and_config(sys.argv[1:] if argv is None else list(argv),
                                         {k: globals()[k] for k in config_keys}, __doc__)
+    if cfg['rounding_from'] and not cfg['tables_from']:
+        raise InputError(f"--rounding_from={cfg['rounding_from']} compares two results files: name the first with "
+                         f"--tables_from (e.g. --tables_from=docs/results/passkey_cpu.json --rounding_from=...)")
     if cfg['tables_from']:
-        if not os.path.isfile(cfg['tables_from']):
-            raise InputError(f"--tables_from: no file {cfg['tables_from']}")
-        table = tables_from_file(cfg['tables_from'])
+        for key in ('tables_from', 'rounding_from'):
+            if cfg[key] and not os.path.isfile(cfg[key]):
+                raise InputError(f"--{key}: no file {cfg[key]}")
+        table = (retest_tables_from_files(cfg['tables_from'], cfg['rounding_from']) if cfg['rounding_from']
+                 else tables_from_file(cfg['tables_from']))
         print(table)
         return table
     return evaluate(cfg, paths)

@@ -615,3 +615,134 @@ def test_zero_init_is_compared_with_its_encoding_and_with_the_default_init():
     pairs = [(a['label'], b['label']) for a, b in eval_passkey.comparison_pairs(groups)]
     assert pairs == [('dape-kerple', 'kerple'), ('dape-kerple-zero', 'kerple'), ('dape-kerple-zero', 'dape-kerple'),
                      ('dapev2-kerple', 'kerple')]
+
+
+# -----------------------------------------------------------------------------
+# the test-retest of the same runs under two roundings (--rounding_from)
+
+RETEST_PROTOCOL = {'lengths': [128, 256, 512], 'depths': [0, 0.5, 1], 'trials': 10, 'filler': 'val', 'seed': 1337,
+                   'digits': 5, 'learned_exact': 0.5}
+
+
+def _retest_file(path, runs, kernels, suffix='', protocol=RETEST_PROTOCOL):
+    """A results file (as --save_runs writes it) of runs {(setting, seed): [exact match at 128, 256, 512]}, trained
+    under `kernels`; each run's log-likelihood per token is made from its exact match and seed."""
+    rows = [{'label': f"{setting}_s{seed}{suffix}", 'setting': setting, 'seed': seed, 'block_size': 128,
+             'per_length': {str(L): {'accuracy': a, 'logp_mean': -2.3 * (1 - a) - 0.01 * seed * (1 + len(suffix))}
+                            for L, a in zip(protocol['lengths'], accs)},
+             'source': 'run', 'commit': 'abc1234', 'command': 'python train.py', 'date': '2026-11-30',
+             'machine': f"AMD EPYC (family 25, model 1), {kernels} kernels, torch 2.13.0+cpu"}
+            for (setting, seed), accs in runs.items()]
+    path.write_text(json.dumps({'protocol': protocol, 'rows': rows}))
+    return str(path)
+
+
+def _cells(table, start):
+    line, = [x for x in table.splitlines() if x.startswith(start)]
+    return [c.strip() for c in line.strip('|').split('|')]
+
+
+def test_retest_pairs_the_same_runs_under_two_roundings(tmp_path):
+    """--tables_from with --rounding_from: the same runs (setting and seed, whatever their labels and order) under two
+    roundings. Per model, how many seeds learned under each and how many changed sides (kerple's seed 2 learns under
+    the first only, its seed 4 under the second only: the counts agree, two runs changed sides), Pearson's r and the
+    mean move of the exact match and the log-likelihood over every seed and length; per run, both side by side; and
+    every comparison of the published table under each rounding, Holm over that rounding's own table (DAPE-Kerple
+    is ahead at 512 under the first, behind under the second; at 256 ahead under both, significantly under the first
+    only), with whether each conclusion holds under both. A
+    model in one file only (rope) does not count. The expected figures are computed here from the runs, apart."""
+    import common
+    lens = RETEST_PROTOCOL['lengths']
+    a = {**{('kerple', s): v for s, v in zip(range(1, 6), [[1.0, 0.2, 0.1], [0.9, 0.1, 0.0], [1.0, 0.3, 0.1],
+                                                           [0.45, 0.2, 0.2], [1.0, 0.1, 0.0]])},
+         **{('dape-kerple', s): v for s, v in zip(range(1, 6), [[1.0, 0.6, 0.3], [1.0, 0.7, 0.2], [1.0, 0.8, 0.1],
+                                                                [0.9, 0.9, 0.4], [1.0, 0.5, 0.2]])},
+         ('rope', 1): [1.0, 0.0, 0.0], ('rope', 2): [1.0, 0.1, 0.0]}
+    b = {**{('kerple', s): v for s, v in zip(range(1, 6), [[1.0, 0.2, 0.3], [0.4, 0.2, 0.2], [1.0, 0.3, 0.4],
+                                                           [0.8, 0.1, 0.3], [1.0, 0.1, 0.2]])},
+         **{('dape-kerple', s): v for s, v in zip(range(1, 6), [[1.0, 0.6, 0.1], [1.0, 0.8, 0.2], [1.0, 0.2, 0.0],
+                                                                [0.9, 0.9, 0.1], [1.0, 0.6, 0.1]])}}
+    path_a = _retest_file(tmp_path / 'a.json', a, 'AVX512')
+    # other labels, and the runs in another order: a run's retest is the same setting and seed, not label or place
+    path_b = _retest_file(tmp_path / 'b.json', dict(reversed(list(b.items()))), 'DEFAULT', suffix='_default')
+    table = EP.main([f'--tables_from={path_a}', f'--rounding_from={path_b}'])
+    lines = table.splitlines()
+    assert lines[0].startswith('| model | seeds | learned, AVX512 | learned, DEFAULT | changed sides |')
+    learned = {k: {key: v[0] >= 0.5 for key, v in runs.items()} for k, runs in (('a', a), ('b', b))}
+    logp = lambda acc, seed, suffix: -2.3 * (1 - acc) - 0.01 * seed * (1 + len(suffix))
+    for setting, flips in (('kerple', 2), ('dape-kerple', 0)):
+        row = _cells(table, f"| {setting} | 1,2,3,4,5 |")
+        keys = [(setting, s) for s in range(1, 6)]
+        assert row[2:5] == [common.k_of_n_text(sum(learned['a'][k] for k in keys), 5),
+                            common.k_of_n_text(sum(learned['b'][k] for k in keys), 5), str(flips)]
+        xs, ys = np.array([a[k] for k in keys]).ravel(), np.array([b[k] for k in keys]).ravel()
+        assert row[5:7] == [f"{np.corrcoef(xs, ys)[0, 1]:+.2f}", f"{np.mean(np.abs(100 * xs - 100 * ys)):.1f}"]
+        lx = np.array([logp(v, s, '') for (_, s) in keys for v in a[(setting, s)]])
+        ly = np.array([logp(v, s, '_default') for (_, s) in keys for v in b[(setting, s)]])
+        assert row[7:9] == [f"{np.corrcoef(lx, ly)[0, 1]:+.2f}", f"{np.mean(np.abs(lx - ly)):.3f}"]
+    assert _cells(table, '| kerple | 1,2,3,4,5 |')[2] == common.k_of_n_text(4, 5)  # the same count, two runs moved
+    every = [k for k in a if k in b]
+    xs, ys = np.array([a[k] for k in every]).ravel(), np.array([b[k] for k in every]).ravel()
+    assert _cells(table, '| all | 10 runs |')[4:6] == ['2', f"{np.corrcoef(xs, ys)[0, 1]:+.2f}"]
+    assert not any(x.startswith('| rope |') for x in lines)  # in the first file only: not counted
+    assert _cells(table, '| kerple | 2 |') == ['kerple', '2', 'yes / no', '90% / 40%', '0% / 20% (L=512)',
+                                              f"{logp(0.0, 2, ''):.3f} / {logp(0.2, 2, '_default'):.3f} (L=512)"]
+    assert _cells(table, '| kerple | 4 |')[2] == 'no / yes'
+
+    def verdicts(runs, flags):
+        """Each rounding's own table: DAPE-Kerple minus Kerple over the learned seeds and over all, per length,
+        Holm over those six; -> {(which, L): 'ahead', 'behind*', ...}."""
+        tests = {}
+        for which in ('learned', 'all'):
+            for i, L in enumerate(lens):
+                vals = lambda m: [runs[(m, s)][i] for s in range(1, 6) if which == 'all' or flags[(m, s)]]
+                tests[(which, L)] = common.compare_means(vals('dape-kerple'), vals('kerple'), bounds=(0, 1))
+        ok = [k for k, c in tests.items() if c['status'] == 'ok']
+        holm = dict(zip(ok, common.holm([tests[k]['p_exact'] for k in ok])))
+        return {k: ('ahead' if c['diff'] > 0 else 'behind' if c['diff'] < 0 else 'level')
+                + ('*' if holm[k] < common.ALPHA else '') for k, c in tests.items() if k in holm}
+
+    va, vb = verdicts(a, learned['a']), verdicts(b, learned['b'])
+    # at 256 ahead under both, significantly under the first only; at 512 ahead under the first, behind under the second
+    assert (va[('all', 256)], vb[('all', 256)], va[('all', 512)], vb[('all', 512)]) == ('ahead*', 'ahead', 'ahead', 'behind')
+    count = lambda v, which: (f"ahead at {sum(v[(which, L)].startswith('ahead') for L in lens)}, significantly at "
+                              f"{sum(v[(which, L)] == 'ahead*' for L in lens)}; behind significantly at "
+                              f"{sum(v[(which, L)] == 'behind*' for L in lens)}")
+    held = total = 0
+    for which in ('learned', 'all'):
+        tested = [L for L in lens if (which, L) in va and (which, L) in vb]
+        other = [L for L in tested if va[(which, L)] != vb[(which, L)]]
+        held, total = held + len(tested) - len(other), total + len(tested)
+        assert _cells(table, f"| dape-kerple - kerple | {which} |")[2:] == [
+            count(va, which), count(vb, which),
+            f"at {len(tested) - len(other)} of {len(tested)}" + (f"; not at L={','.join(map(str, other))}" if other else '')]
+    assert _cells(table, '| dape-kerple - kerple | all |')[4].endswith('; not at L=256,512')
+    assert held < total and lines[-1].endswith(f" {held} of {total} conclusions hold under both.")
+    assert "seeds 1,2,3,4,5" in lines[-1] and "ATen's AVX512 kernels and its DEFAULT kernels" in lines[-1]
+
+
+def test_retest_errors(tmp_path):
+    """--rounding_from needs --tables_from, and a file; two files evaluated differently (SAME_PROTOCOL), or a run
+    twice in one file, are refused, the error naming what differs. Each error is one line."""
+    runs = {('kerple', s): [1.0, 0.5, 0.2] for s in (1, 2)}
+    path_a = _retest_file(tmp_path / 'a.json', runs, 'AVX512')
+    cases = [([f'--rounding_from={path_a}'], r'--rounding_from=.*a\.json compares two results files: name the first '
+                                              r'with --tables_from'),
+             ([f'--tables_from={path_a}', f'--rounding_from={tmp_path}/none.json'], '--rounding_from: no file .*none.json'),
+             ([f'--tables_from={tmp_path}/none.json', f'--rounding_from={path_a}'], '--tables_from: no file .*none.json')]
+    other = dict(RETEST_PROTOCOL, trials=20, filler='sentence')
+    path_b = _retest_file(tmp_path / 'b.json', runs, 'DEFAULT', protocol=other)
+    cases.append(([f'--tables_from={path_a}', f'--rounding_from={path_b}'],
+                  r"evaluated differently, trials 10 in .*a\.json and 20 in .*b\.json, filler 'val' in .*a\.json and "
+                  r"'sentence' in .*b\.json"))
+    twice = tmp_path / 'twice.json'
+    saved = json.loads(open(_retest_file(twice, runs, 'DEFAULT')).read())
+    twice.write_text(json.dumps(dict(saved, rows=saved['rows'] + [dict(saved['rows'][0], label='kerple_s1b')])))
+    cases.append(([f'--tables_from={path_a}', f'--rounding_from={twice}'],
+                  '--rounding_from: two runs of kerple with seed 1 .kerple_s1 and kerple_s1b.'))
+    for args, msg in cases:
+        with pytest.raises(InputError, match=msg) as e:
+            EP.main(args)
+        assert '\n' not in str(e.value)
+    # the same protocol: the tables
+    assert EP.main([f'--tables_from={path_a}', f'--rounding_from={_retest_file(tmp_path / "c.json", runs, "DEFAULT")}'])
