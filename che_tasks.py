@@ -42,7 +42,6 @@ task with other test distributions (flip-flop: sparse and dense) is scored on ea
 import json
 import math
 import os
-import re
 import shlex
 import sys
 import time
@@ -54,9 +53,9 @@ import torch.nn.functional as F
 import che_data
 import retrieval_data
 from che_data import TABLE2_TASKS, make_batch, max_sequence_length
-from common import (ALPHA, autocast as autocast_context, compare_means, difference_text, holm_over, interval_text, mean_std,
-                    mean_std_text, k_of_n_text, p_text, pick_device, pick_dtype, pos_options, provenance,
-                    significance, tests_caption)
+from common import (ALPHA, autocast as autocast_context, compare_means, difference_text, holds, holm_over,
+                    interval_text, k_of_n_text, kernels_of, mean_std, mean_std_text, p_text, pearson, pick_device,
+                    pick_dtype, pos_options, provenance, significance, tests_caption, verdict)
 from configurator import check_device, configure
 from model import GPT, GPTConfig
 from positional import ENCODINGS
@@ -841,37 +840,6 @@ def tables_from_file(cfg):
     return seeds_table(cells, tasks, columns, cfg) + ('\n\nPer test length:\n\n' + by_length if by_length else '')
 
 
-def kernels_of(cells):
-    """Which of ATen's vector kernels ran a file's runs, as their recorded machine says ('AVX512', 'DEFAULT'),
-    or 'unknown'."""
-    found = {m.group(1) for c in cells.values() for r in c['runs']
-             for m in [re.search(r'(\w+) kernels', r.get('machine', ''))] if m}
-    return ', '.join(sorted(found)) or 'unknown'
-
-
-def pearson(x, y):
-    """Pearson's correlation of two equally long lists; None where either does not vary or has fewer than 3."""
-    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
-    if len(x) < 3 or x.std() == 0 or y.std() == 0:
-        return None
-    return float(np.corrcoef(x, y)[0, 1])
-
-
-def _verdict(c):
-    """A comparison as the pages state it: which side is ahead, and '*' where Holm's exact p is below ALPHA."""
-    if c['status'] != 'ok':
-        return c['status']
-    ahead = 'ahead' if c['diff'] > 0 else 'behind' if c['diff'] < 0 else 'level'
-    return ahead + ('*' if significance(c) else '')
-
-
-def _holds(ca, cb):
-    """Whether a conclusion holds under both roundings: True, False, or None where either has no test."""
-    if not ca['status'] == cb['status'] == 'ok':
-        return None
-    return _verdict(ca) == _verdict(cb)
-
-
 def retest_tables(cells_a, cells_b, tasks, columns, cfg):
     """A test-retest of the same runs (task, encoding, rate and seed) trained twice, once under each of two
     roundings (ATen's vector kernels and ATEN_CPU_CAPABILITY=default): only runs present in both files
@@ -890,7 +858,7 @@ def retest_tables(cells_a, cells_b, tasks, columns, cfg):
     rows_a, rows_b = seed_rows(one(0), tasks, columns, cfg), seed_rows(one(1), tasks, columns, cfg)
     if not rows_a:
         return 'no run of these tasks and encodings is in both files'
-    a_name, b_name = kernels_of(one(0)), kernels_of(one(1))
+    a_name, b_name = (kernels_of(r.get('machine', '') for c in one(i).values() for r in c['runs']) for i in (0, 1))
     fig = lambda v: 'n/s' if v is None else f"{v:.1f}"
     r_text = lambda r: 'n/a' if r is None else f"{r:+.2f}"
     move = lambda xs, ys: (f"{np.mean([abs(x - y) for x, y in zip(xs, ys)]):.1f}"
@@ -936,17 +904,17 @@ def retest_tables(cells_a, cells_b, tasks, columns, cfg):
     for (k, base, ca), (_, _, cb) in zip(sa, sb):
         name = f"{encoding_label(k[1], k[2])} vs {encoding_label(k[1], base[2])}"
         for what, x, y in zip(('OOD, learned seeds', 'OOD, every seed', 'ID, every seed'), ca, cb):
-            ok = _holds(x, y)
+            ok = holds(x, y)
             held, total = held + bool(ok), total + (ok is not None)
-            checks.append(f"| {k[0]} | {name} | {what} | {cell(x)} ({_verdict(x)}) | {cell(y)} ({_verdict(y)}) | "
+            checks.append(f"| {k[0]} | {name} | {what} | {cell(x)} ({verdict(x)}) | {cell(y)} ({verdict(y)}) | "
                           f"{'n/a' if ok is None else 'yes' if ok else 'no'} |")
     for t in tasks:
         la_rows, lb_rows = [r for r in rows_a if r[0] == t], [r for r in rows_b if r[0] == t]
         (ca_all, lengths), (cb_all, _) = length_comparisons(la_rows), length_comparisons(lb_rows)
         for (k, base, ca), (_, _, cb) in zip(ca_all, cb_all):
             name = f"{encoding_label(k[1], k[2])} vs {encoding_label(k[1], base[2])}"
-            tested = [N for N in lengths if _holds(ca[N], cb[N]) is not None]
-            same = [N for N in tested if _holds(ca[N], cb[N])]
+            tested = [N for N in lengths if holds(ca[N], cb[N]) is not None]
+            same = [N for N in tested if holds(ca[N], cb[N])]
             other = [N for N in tested if N not in same]
             count = lambda cs: (f"ahead at {sum(c['status'] == 'ok' and c['diff'] > 0 for c in cs.values())}, "
                                 f"significantly at {sum(significance(c) == 'higher' for c in cs.values())}; behind "

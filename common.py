@@ -21,6 +21,7 @@ import itertools
 import json
 import math
 import os
+import re
 import subprocess
 from contextlib import nullcontext
 from dataclasses import fields
@@ -795,3 +796,40 @@ def significance(c, alpha=ALPHA):
     if c['status'] != 'ok' or c.get('p_holm') is None or not c['p_holm'] < alpha:
         return None
     return 'higher' if c['diff'] > 0 else 'lower'
+
+
+# -----------------------------------------------------------------------------
+# the test-retest of the same runs trained under two roundings (ATen's vector kernels and
+# ATEN_CPU_CAPABILITY=default): what che_tasks.py and eval_passkey.py report alike
+
+
+def kernels_of(machines):
+    """Which of ATen's vector kernels trained runs, from their recorded machine texts (machine_text:
+    '..., AVX512 kernels, ...'): 'AVX512', 'DEFAULT', several joined, or 'unknown'."""
+    found = {m.group(1) for text in machines for m in re.finditer(r'(\w+) kernels', text or '')}
+    return ', '.join(sorted(found)) or 'unknown'
+
+
+def pearson(x, y):
+    """Pearson's correlation of two equally long lists; None where either does not vary or has fewer than 3."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if len(x) < 3 or x.std() == 0 or y.std() == 0:
+        return None
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+def verdict(c, alpha=ALPHA):
+    """A comparison as the pages state it: which side is ahead ('ahead', 'behind', 'level'), with '*' where
+    Holm's exact p is below alpha (significance); its status where it has no test."""
+    if c['status'] != 'ok':
+        return c['status']
+    ahead = 'ahead' if c['diff'] > 0 else 'behind' if c['diff'] < 0 else 'level'
+    return ahead + ('*' if significance(c, alpha) else '')
+
+
+def holds(ca, cb):
+    """Whether a comparison's conclusion (verdict) is the same under two roundings: True or False, None where
+    either has no test."""
+    if not ca['status'] == cb['status'] == 'ok':
+        return None
+    return verdict(ca) == verdict(cb)

@@ -57,9 +57,10 @@ import time
 import numpy as np
 
 from common import (ALPHA, InputError, auto_labels, autocast, checkpoints_and_config, compare_means, difference_text,
-                    find_checkpoints, format_table, group_over_seeds, holm_over, interval_text, jsonable, k_of_n_text,
-                    load_run, load_val, mean_std_text, p_text, parse_list, pick_device, pick_dtype, resolve_data_dir,
-                    rope_scaling_options, significance, tests_caption, trained_by, training_setting)
+                    find_checkpoints, format_table, group_over_seeds, holds, holm_over, interval_text, jsonable,
+                    k_of_n_text, kernels_of, load_run, load_val, mean_std_text, p_text, parse_list, pearson,
+                    pick_device, pick_dtype, resolve_data_dir, rope_scaling_options, significance, tests_caption,
+                    trained_by, training_setting)
 from configurator import ConfigError
 from passkey import DIGITS, chance_logp_per_digit, passkey_prompts, score_prompts, summarize
 from positional import rope_scaling_label, set_rope_scaling
@@ -531,36 +532,6 @@ def merge_runs(path, protocol, rows):
 # the test-retest: the same runs trained under two roundings
 
 
-def kernels_of(rows):
-    """Which of ATen's vector kernels trained these runs, as their recorded machine says ('AVX512', 'DEFAULT'),
-    or 'unknown'."""
-    found = {m.group(1) for r in rows for m in re.finditer(r'(\w+) kernels', r.get('machine') or '')}
-    return ', '.join(sorted(found)) or 'unknown'
-
-
-def _pearson(x, y):
-    """Pearson's correlation of two equally long lists; None where either does not vary or has fewer than 3."""
-    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
-    if len(x) < 3 or x.std() == 0 or y.std() == 0:
-        return None
-    return float(np.corrcoef(x, y)[0, 1])
-
-
-def _verdict(c):
-    """A comparison as the pages state it: which side is ahead, and '*' where Holm's exact p is below ALPHA."""
-    if c['status'] != 'ok':
-        return c['status']
-    ahead = 'ahead' if c['diff'] > 0 else 'behind' if c['diff'] < 0 else 'level'
-    return ahead + ('*' if significance(c) else '')
-
-
-def _holds(ca, cb):
-    """Whether a conclusion holds under both roundings: True, False, or None where either has no test."""
-    if not ca['status'] == cb['status'] == 'ok':
-        return None
-    return _verdict(ca) == _verdict(cb)
-
-
 def _by_run(rows, which):
     """{(setting, seed): row} of one file's rows: what pairs a run with its retest (the labels may differ between
     the files). A (setting, seed) twice is an error: its retest would be ambiguous."""
@@ -598,7 +569,7 @@ def retest_tables(protocol, rows_a, rows_b, lens):
         return 'no run (setting and seed) is in both files'
     ra, rb = [by_a[k] for k in both], [by_b[k] for k in both]
     ga, gb = group_rows(ra, lens, protocol['learned_exact']), group_rows(rb, lens, protocol['learned_exact'])
-    ka, kb = kernels_of(ra), kernels_of(rb)
+    ka, kb = kernels_of(r.get('machine') for r in ra), kernels_of(r.get('machine') for r in rb)
     a_name, b_name = (ka, kb) if ka != kb else (f"{ka} (tables_from)", f"{kb} (rounding_from)")
     r_text = lambda r: 'n/a' if r is None else f"{r:+.2f}"
     move = lambda xs, ys, fmt: fmt.format(np.mean(np.abs(np.subtract(xs, ys)))) if xs else 'n/a'
@@ -612,7 +583,7 @@ def retest_tables(protocol, rows_a, rows_b, lens):
         for metric, scale, fmt in (('accuracy', 100, '{:.1f}'), ('logp_mean', 1, '{:.3f}')):
             pairs = [_paired_figures(x, y, lens, metric) for x, y in zip(runs_a, runs_b)]
             xs, ys = [scale * v for p in pairs for v in p[0]], [scale * v for p in pairs for v in p[1]]
-            cells += [r_text(_pearson(xs, ys)), move(xs, ys, fmt)]
+            cells += [r_text(pearson(xs, ys)), move(xs, ys, fmt)]
         return cells
 
     summary, per_run, flips = [], [], 0
@@ -640,8 +611,8 @@ def retest_tables(protocol, rows_a, rows_b, lens):
     checks, held, total = [], 0, 0
     for ca, cb in zip(compare_groups(ga, lens), compare_groups(gb, lens)):
         for which, name in (('learned_seeds', 'learned'), ('all_seeds', 'all')):
-            tested = [L for L in lens if _holds(ca[which][L], cb[which][L]) is not None]
-            other = [L for L in tested if not _holds(ca[which][L], cb[which][L])]
+            tested = [L for L in lens if holds(ca[which][L], cb[which][L]) is not None]
+            other = [L for L in tested if not holds(ca[which][L], cb[which][L])]
             held, total = held + len(tested) - len(other), total + len(tested)
             checks.append([f"{ca['label']} - {ca['baseline']}", name, count(ca[which]), count(cb[which]),
                            f"at {len(tested) - len(other)} of {len(tested)}"
@@ -686,7 +657,7 @@ def retest_tables_from_files(path_a, path_b):
     (pa, rows_a), (pb, rows_b) = read(path_a), read(path_b)
     differ = [k for k in SAME_PROTOCOL if pa.get(k) != pb.get(k)]
     if differ:
-        raise InputError(f"--rounding_from: the two files were evaluated differently, "
+        raise InputError("--rounding_from: the two files were evaluated differently, "
                          + ', '.join(f"{k} {pa.get(k)!r} in {path_a} and {pb.get(k)!r} in {path_b}" for k in differ)
                          + ": a test-retest needs the same evaluation of both; evaluate them alike")
     return retest_tables(pa, rows_a, rows_b, pa['lengths'])

@@ -349,3 +349,26 @@ def test_binomial_ci_against_scipy():
             assert common.binomial_ci(k, n) == pytest.approx((ci.low, ci.high), abs=1e-9), (k, n)
     ci = stats.binomtest(4, 12).proportion_ci(0.9, method='exact')
     assert common.binomial_ci(4, 12, level=0.9) == pytest.approx((ci.low, ci.high), abs=1e-9)
+
+
+# -----------------------------------------------------------------------------
+# the test-retest's pieces
+
+
+def test_retest_helpers():
+    """kernels_of reads the kernels from machine texts; pearson is numpy's r, None where it is undefined;
+    a conclusion is its direction with '*' where Holm's exact p is below 0.05, and it holds where both
+    roundings give the same one (None without a test)."""
+    assert common.kernels_of(['AMD EPYC, AVX512 kernels, torch 2', 'AMD EPYC, AVX512 kernels, torch 2']) == 'AVX512'
+    assert common.kernels_of(['x, DEFAULT kernels, t', 'x, AVX2 kernels, t']) == 'AVX2, DEFAULT'
+    assert common.kernels_of(['unknown', None]) == 'unknown'
+    x, y = [1.0, 2.0, 4.0, 3.0], [2.0, 2.5, 5.0, 2.0]
+    assert common.pearson(x, y) == pytest.approx(np.corrcoef(x, y)[0, 1])
+    assert common.pearson([1.0, 2.0], [2.0, 1.0]) is None and common.pearson([1.0, 1.0, 1.0], [1.0, 2.0, 3.0]) is None
+    a = common.compare_means([10.0, 11.0, 12.0, 13.0, 14.0], [0.0, 1.0, 2.0, 3.0, 4.0])
+    b = common.compare_means([10.0, 11.0, 12.0, 13.0, 14.0], [9.0, 12.0, 10.0, 14.0, 11.0])
+    common.holm_over([a]), common.holm_over([b])
+    assert (common.verdict(a), common.verdict(b)) == ('ahead*', 'ahead')  # exact p 0.0079 against 0.69
+    assert common.holds(a, dict(a)) is True and common.holds(a, b) is False
+    none = common.compare_means([1.0], [2.0])
+    assert common.verdict(none) == none['status'] and common.holds(a, none) is None
