@@ -599,7 +599,7 @@ def test_eval_batches_are_position_draws(samples, batch, draws, sizes):
     assert C.position_draws(dict(cfg, pos='nope')) == 0
 
 
-def _fake_run(cfg, log=print):
+def _fake_run(cfg, log=print, command='unknown'):
     """A run's result without training: scores made up from the seed and the learning rate."""
     s, lr = cfg['seed'], cfg['learning_rate']
     return {'seed': s, 'learning_rate': lr, 'score': 50 + s + 1000 * lr, 'id_score': 90 - s - 1000 * lr,
