@@ -53,9 +53,9 @@ import torch.nn.functional as F
 import che_data
 import retrieval_data
 from che_data import TABLE2_TASKS, make_batch, max_sequence_length
-from common import (ALPHA, autocast as autocast_context, compare_means, difference_text, holds, holm_over,
+from common import (ALPHA, autocast as autocast_context, compare_means, difference_text, holds, holds_at, holm_over,
                     interval_text, k_of_n_text, kernels_of, mean_std, mean_std_text, p_text, pearson, pick_device,
-                    pick_dtype, pos_options, provenance, significance, tests_caption, verdict)
+                    pick_dtype, pos_options, provenance, tests_caption, verdict, verdict_counts)
 from configurator import check_device, configure
 from model import GPT, GPTConfig
 from positional import ENCODINGS
@@ -723,12 +723,12 @@ def length_comparisons(rows):
     """DAPE-X against X (comparison_pairs) at every test length, over every seed that has the length (no
     threshold: a seed that did not learn is scored like any other), with Holm's adjustment over all of them
     (one table). -> ([(key, base key, {N: compare_means})], the lengths)."""
-    by_key = {(t, p, d, lr): runs for t, p, d, lr, runs, _ in rows}
-    lengths = sorted({N for runs in by_key.values() for r in runs for N in per_length(r)})
+    curves = {(t, p, d, lr): [per_length(r) for r in runs] for t, p, d, lr, runs, _ in rows}
+    lengths = sorted({N for cs in curves.values() for c in cs for N in c})
     out = []
-    for key, base_key in comparison_pairs(by_key):
-        at = lambda runs, N: [per_length(r)[N] for r in runs if N in per_length(r)]
-        out.append((key, base_key, {N: _compare(at(by_key[key], N), at(by_key[base_key], N)) for N in lengths}))
+    for key, base_key in comparison_pairs(curves):
+        at = lambda cs, N: [c[N] for c in cs if N in c]
+        out.append((key, base_key, {N: _compare(at(curves[key], N), at(curves[base_key], N)) for N in lengths}))
     holm_over([c for *_, cs in out for c in cs.values()])
     return out, lengths
 
@@ -753,9 +753,9 @@ def length_tables(cells, tasks, columns, cfg):
         seeds = sorted({x['seed'] for r in task_rows for x in r[4]})
         lines = [f"| {t}: N | " + ' | '.join(label(*r[:4]) for r in task_rows) + ' |',
                  '|' + ' --- |' * (len(task_rows) + 1)]
+        curves = [[per_length(x) for x in r[4]] for r in task_rows]
         for N in lengths:
-            lines.append(f"| {N} | " + ' | '.join(_mean_std_text([per_length(x)[N] for x in r[4] if N in per_length(x)])
-                                                   for r in task_rows) + ' |')
+            lines.append(f"| {N} | " + ' | '.join(_mean_std_text([c[N] for c in cs if N in c]) for cs in curves) + ' |')
         lines += ['', f"OOD accuracy (%) per test length N: mean ± sample std over every seed "
                       f"({','.join(map(str, seeds))}), whether or not it learned the task; random "
                       f"{100 * TASKS[t].random_baseline:.0f}%."]
@@ -872,7 +872,8 @@ def retest_tables(cells_a, cells_b, tasks, columns, cfg):
         la, lb = [is_learned(r, threshold) for r in ra], [is_learned(r, threshold) for r in rb]
         ids = [r['id_score'] for r in ra], [r['id_score'] for r in rb]
         oods = [r['score'] for r in ra], [r['score'] for r in rb]
-        pairs = [(per_length(x)[N], per_length(y)[N]) for x, y in zip(ra, rb) for N in per_length(x) if N in per_length(y)]
+        curves = [(per_length(x), per_length(y)) for x, y in zip(ra, rb)]  # each run's, under each rounding
+        pairs = [(px[N], py[N]) for px, py in curves for N in sorted(px.keys() & py.keys())]
         lens = [a for a, _ in pairs], [b for _, b in pairs]
         flips = sum(x != y for x, y in zip(la, lb))
         for name, (xs, ys) in (('id', ids), ('ood', oods), ('len', lens)):
@@ -884,14 +885,12 @@ def retest_tables(cells_a, cells_b, tasks, columns, cfg):
                        f"{k_of_n_text(sum(lb), len(lb))} | {flips} | {r_text(pearson(*ids) if None not in ids[0] + ids[1] else None)} | "
                        f"{move(*ids)} | {r_text(pearson(*oods) if None not in oods[0] + oods[1] else None)} | {move(*oods)} | "
                        f"{r_text(pearson(*lens))} | {move(*lens)} |")
-        for x, y, lx, ly in zip(ra, rb, la, lb):
-            longest = max(set(per_length(x)) & set(per_length(y)), default=None)
-            common_n = sorted(set(per_length(x)) & set(per_length(y)))
-            summary_len = (f"{fig(per_length(x)[longest])} / {fig(per_length(y)[longest])} (N={longest})"
-                           if longest is not None else 'n/a')
+        for x, y, lx, ly, (px, py) in zip(ra, rb, la, lb, curves):
+            both = sorted(px.keys() & py.keys())
+            longest = (f"{fig(px[both[-1]])} / {fig(py[both[-1]])} (N={both[-1]})" if both else 'n/a')
             per_run.append(f"| {t} | {encoding_label(p, d)} | {x['seed']} | {'yes' if lx else 'no'} / {'yes' if ly else 'no'} | "
                            f"{fig(x['id_score'])} / {fig(y['id_score'])} | {fig(x['score'])} / {fig(y['score'])} | "
-                           f"{summary_len} | {r_text(pearson([per_length(x)[N] for N in common_n], [per_length(y)[N] for N in common_n]))} |")
+                           f"{longest} | {r_text(pearson([px[N] for N in both], [py[N] for N in both]))} |")
     summary.append(f"| all | all | {pooled['n']} | | | {pooled['flips']} | {r_text(pearson(*pooled['id']))} | "
                    f"{move(*pooled['id'])} | {r_text(pearson(*pooled['ood']))} | {move(*pooled['ood'])} | "
                    f"{r_text(pearson(*pooled['len']))} | {move(*pooled['len'])} |")
@@ -913,16 +912,10 @@ def retest_tables(cells_a, cells_b, tasks, columns, cfg):
         (ca_all, lengths), (cb_all, _) = length_comparisons(la_rows), length_comparisons(lb_rows)
         for (k, base, ca), (_, _, cb) in zip(ca_all, cb_all):
             name = f"{encoding_label(k[1], k[2])} vs {encoding_label(k[1], base[2])}"
-            tested = [N for N in lengths if holds(ca[N], cb[N]) is not None]
-            same = [N for N in tested if holds(ca[N], cb[N])]
-            other = [N for N in tested if N not in same]
-            count = lambda cs: (f"ahead at {sum(c['status'] == 'ok' and c['diff'] > 0 for c in cs.values())}, "
-                                f"significantly at {sum(significance(c) == 'higher' for c in cs.values())}; behind "
-                                f"significantly at {sum(significance(c) == 'lower' for c in cs.values())}")
-            held, total = held + len(same), total + len(tested)
-            checks.append(f"| {t} | {name} | OOD at each of {len(lengths)} lengths | {count(ca)} | {count(cb)} | "
-                          + (f"at {len(same)} of {len(tested)}" + (f"; not at N={','.join(map(str, other))}" if other else '')
-                             if tested else 'n/a') + ' |')
+            text, same, tested = holds_at(ca, cb, lengths, 'N')
+            held, total = held + same, total + tested
+            checks.append(f"| {t} | {name} | OOD at each of {len(lengths)} lengths | {verdict_counts(ca.values())} | "
+                          f"{verdict_counts(cb.values())} | {text} |")
     seeds = sorted({r['seed'] for *_, runs, _ in rows_a for r in runs})
     caption = (f"The same runs (seeds {','.join(map(str, seeds))}) trained under two roundings of one machine: "
                f"ATen's {a_name} kernels and its {b_name} kernels, otherwise identical"

@@ -833,3 +833,23 @@ def holds(ca, cb):
     if not ca['status'] == cb['status'] == 'ok':
         return None
     return verdict(ca) == verdict(cb)
+
+
+def verdict_counts(comparisons):
+    """One pair's comparisons (e.g. one a test length) in a few words: 'ahead at 17, significantly at 2; behind
+    significantly at 0' (significantly: Holm's exact p below ALPHA)."""
+    cs = list(comparisons)
+    return (f"ahead at {sum(c['status'] == 'ok' and c['diff'] > 0 for c in cs)}, "
+            f"significantly at {sum(significance(c) == 'higher' for c in cs)}; behind "
+            f"significantly at {sum(significance(c) == 'lower' for c in cs)}")
+
+
+def holds_at(ca, cb, keys, name):
+    """Where one pair's conclusions hold under both roundings, ca and cb {key: comparison} (e.g. per length
+    `name`=key): (text 'at 15 of 17; not at N=51,61' or 'n/a' where no key has a test under both, how many
+    hold, how many have a test under both)."""
+    tested = [k for k in keys if holds(ca[k], cb[k]) is not None]
+    other = [k for k in tested if not holds(ca[k], cb[k])]
+    text = (f"at {len(tested) - len(other)} of {len(tested)}" + (f"; not at {name}={','.join(map(str, other))}" if other else '')
+            if tested else 'n/a')
+    return text, len(tested) - len(other), len(tested)

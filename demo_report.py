@@ -27,8 +27,8 @@ import platform
 import shutil
 import sys
 
-from common import (ALPHA, holm_over, machine_text, mean_ci, p_text, permutation_test, provenance, significance,
-                    tests_caption)
+from common import (ALPHA, holm_over, kernels_of, machine_text, mean_ci, p_text, permutation_test, provenance,
+                    significance, tests_caption, verdict)
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 START, END = "<!-- demo-results:start -->", "<!-- demo-results:end -->"
@@ -554,11 +554,8 @@ def search_tables(search):
 
 
 def kernels(results):
-    """The vector kernels that trained a results file's runs, as their machines name them ('AVX512', 'DEFAULT'),
-    joined where they differ."""
-    parts = [part.strip() for run in results["runs"] for part in run.get("trained_by", {}).get("machine", "").split(",")]
-    found = [part.removesuffix(" kernels") for part in parts if part.endswith(" kernels")]
-    return "/".join(dict.fromkeys(found)) or "unknown"
+    """The vector kernels that trained a results file's runs, as their machines name them ('AVX512', 'DEFAULT')."""
+    return kernels_of(run.get("trained_by", {}).get("machine", "") for run in results["runs"])
 
 
 def rounding_tables(native, other):
@@ -588,18 +585,17 @@ def rounding_tables(native, other):
     for c, d in pairs:
         key, verdicts = (c["label"], c["baseline"]), []
         for results, comparison, exact in ((native, c, tests[0]), (other, d, tests[1])):
-            cells, signs = [], []
+            cells, said = [], []
             for L in lengths:
                 p = comparison["p_value"][str(L)]
                 if p["status"] != "ok":
                     cells.append(p["status"])
-                    signs.append(None)
+                    said.append(None)
                     continue
-                sig = significance(dict(exact[key][L], diff=p["mean_diff"]))
                 cells.append(f"{p['mean_diff']:+.3f} [{p['ci'][0]:+.3f}, {p['ci'][1]:+.3f}], Holm "
                              f"{p_text(exact[key][L]['p_holm'])}")
-                signs.append((p["mean_diff"] < 0, sig))
-            verdicts.append(signs)
+                said.append(verdict(dict(exact[key][L], diff=p["mean_diff"])))
+            verdicts.append(said)
             diffs.append(f"| {c['label']} - {c['baseline']} | {kernels(results)} | " + " | ".join(cells)
                          + " | {} |")
         same = [a == b and a is not None for a, b in zip(*verdicts)]

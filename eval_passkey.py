@@ -57,10 +57,10 @@ import time
 import numpy as np
 
 from common import (ALPHA, InputError, auto_labels, autocast, checkpoints_and_config, compare_means, difference_text,
-                    find_checkpoints, format_table, group_over_seeds, holds, holm_over, interval_text, jsonable,
+                    find_checkpoints, format_table, group_over_seeds, holds_at, holm_over, interval_text, jsonable,
                     k_of_n_text, kernels_of, load_run, load_val, mean_std_text, p_text, parse_list, pearson,
-                    pick_device, pick_dtype, resolve_data_dir, rope_scaling_options, significance, tests_caption,
-                    trained_by, training_setting)
+                    pick_device, pick_dtype, resolve_data_dir, rope_scaling_options, tests_caption, trained_by,
+                    training_setting, verdict_counts)
 from configurator import ConfigError
 from passkey import DIGITS, chance_logp_per_digit, passkey_prompts, score_prompts, summarize
 from positional import rope_scaling_label, set_rope_scaling
@@ -605,18 +605,13 @@ def retest_tables(protocol, rows_a, rows_b, lens):
                             'n/a' if longest is None else f"{lp(x)} / {lp(y)} (L={longest})"])
     summary.append(['all', f"{len(ra)} runs", '', '', str(flips)] + figures(ra, rb))
     # the comparisons, each computed under each rounding as its own table computes it (Holm over that table)
-    count = lambda cs: (f"ahead at {sum(c['status'] == 'ok' and c['diff'] > 0 for c in cs.values())}, "
-                        f"significantly at {sum(significance(c) == 'higher' for c in cs.values())}; behind "
-                        f"significantly at {sum(significance(c) == 'lower' for c in cs.values())}")
     checks, held, total = [], 0, 0
     for ca, cb in zip(compare_groups(ga, lens), compare_groups(gb, lens)):
         for which, name in (('learned_seeds', 'learned'), ('all_seeds', 'all')):
-            tested = [L for L in lens if holds(ca[which][L], cb[which][L]) is not None]
-            other = [L for L in tested if not holds(ca[which][L], cb[which][L])]
-            held, total = held + len(tested) - len(other), total + len(tested)
-            checks.append([f"{ca['label']} - {ca['baseline']}", name, count(ca[which]), count(cb[which]),
-                           f"at {len(tested) - len(other)} of {len(tested)}"
-                           + (f"; not at L={','.join(map(str, other))}" if other else '') if tested else 'n/a'])
+            text, same, tested = holds_at(ca[which], cb[which], lens, 'L')
+            held, total = held + same, total + tested
+            checks.append([f"{ca['label']} - {ca['baseline']}", name, verdict_counts(ca[which].values()),
+                           verdict_counts(cb[which].values()), text])
     seeds = sorted({r['seed'] for r in ra}, key=lambda s: (s is None, s or 0))
     text = [format_table(['model', 'seeds', f"learned, {a_name}", f"learned, {b_name}", 'changed sides', 'exact match r',
                           'exact match mean move', 'log-likelihood r', 'log-likelihood mean move'], summary, True),

@@ -372,3 +372,18 @@ def test_retest_helpers():
     assert common.holds(a, dict(a)) is True and common.holds(a, b) is False
     none = common.compare_means([1.0], [2.0])
     assert common.verdict(none) == none['status'] and common.holds(a, none) is None
+
+
+def test_verdict_counts_and_where_conclusions_hold():
+    """One pair's comparisons summed up in words, and the keys where both roundings say the same; keys without a
+    test under both are left out of the count."""
+    a = common.compare_means([10.0, 11.0, 12.0, 13.0, 14.0], [0.0, 1.0, 2.0, 3.0, 4.0])
+    b = common.compare_means([10.0, 11.0, 12.0, 13.0, 14.0], [9.0, 12.0, 10.0, 14.0, 11.0])
+    c = common.compare_means([0.0, 1.0, 2.0, 3.0, 4.0], [10.0, 11.0, 12.0, 13.0, 14.0])
+    none = common.compare_means([1.0], [2.0])
+    for x in (a, b, c):
+        common.holm_over([x])
+    assert common.verdict_counts([a, b, c, none]) == 'ahead at 2, significantly at 1; behind significantly at 1'
+    ca, cb = {41: a, 51: b, 61: none, 71: c}, {41: a, 51: a, 61: a, 71: c}
+    assert common.holds_at(ca, cb, [41, 51, 61, 71], 'N') == ('at 2 of 3; not at N=51', 2, 3)
+    assert common.holds_at({41: none}, {41: a}, [41], 'L') == ('n/a', 0, 0)
