@@ -579,14 +579,19 @@ def t_quantile(p, df):
     return t if p >= 0.5 else -t
 
 
-def mean_ci(values, level=0.95):
+def mean_ci(values, level=0.95, bounds=None):
     """The mean of values with its confidence interval (Student's t, n - 1 degrees of freedom): (mean, lo, hi),
-    or None with fewer than two values."""
+    or None with fewer than two values. bounds=(lo, hi) for values that cannot leave [lo, hi] (accuracies): the
+    interval is cut to them, which removes no possible mean (so keeps its coverage) and stays in bounds."""
     v = np.asarray(values, dtype=np.float64)
     if len(v) < 2:
         return None
+    m = float(v.mean())
     half = t_quantile(0.5 + level / 2, len(v) - 1) * float(v.std(ddof=1)) / math.sqrt(len(v))
-    return float(v.mean()), float(v.mean()) - half, float(v.mean()) + half
+    lo, hi = m - half, m + half
+    if bounds is not None:  # (widened to hold the mean, which can round an ulp past a bound)
+        lo, hi = max(lo, min(bounds[0], m)), min(hi, max(bounds[1], m))
+    return m, lo, hi
 
 
 

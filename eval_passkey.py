@@ -24,8 +24,10 @@ Protocol:
   get one row. `rope_scale` is the factor s; 0 takes s = max(1, L / training length) at each length.
 - Seeds: checkpoints that differ only by their seed (as eval_extrapolate.py groups them: same model
   options, training config and data) form a group, read with the same RoPE scaling. Where a group has
-  several, the tables over seeds give per length the mean ± sample std of the per-seed figures (each
-  the mean over depths), and how many seeds learned the task: exact match of at least `learned_exact`
+  several, the tables over seeds give per length the mean of the per-seed figures (each the mean over
+  depths) with the 95% t interval of that mean, of exact match and, the continuous measure that no
+  threshold decides, of the log-likelihood per answer token; and how many seeds learned the task, with
+  the exact binomial interval of that share: exact match of at least `learned_exact`
   at their training length (the tables state the rule with the day it was set, LEARNED_RULE). A seed that
   did not says nothing about extrapolation.
 
@@ -33,10 +35,10 @@ Outputs (`out_dir`, default results/passkey/): passkey.json (everything, every s
 answer), passkey.md (the tables) and passkey_<model>.png (a heat map per row: accuracy, and the
 log-likelihood per token, over length x depth); with several seeds of a setting, the tables over seeds
 in passkey.md and `groups` in passkey.json, and for every DAPE-X beside its X (labels 'dape-kerple' and
-'kerple') the difference of the mean exact match per length with its 95% t interval cut to the possible
-range (-100 to +100 points), Welch's p and the exact permutation test's
-p with its Holm adjustment over the table's comparisons, over the seeds that learned and over every seed
-(`comparisons`).
+'kerple') the difference of the means per length, of exact match (its 95% t interval cut to the possible
+range, -100 to +100 points) and apart of the log-likelihood per answer token, with Welch's p and the exact
+permutation test's p with its Holm adjustment over that measure's table, over the seeds that learned and
+over every seed (`comparisons`).
 
     python eval_passkey.py --tables_from=docs/results/passkey_cpu.json     # a results page's tables again
     python eval_passkey.py out-passkey/kerple_s6 --save_runs=docs/results/passkey_cpu.json  # a run added to them
@@ -49,6 +51,7 @@ run learns retrieval and whether a comparison's conclusion survives a change of 
 
 import dataclasses
 import json
+import math
 import os
 import re
 import sys
@@ -58,7 +61,7 @@ import numpy as np
 
 from common import (ALPHA, InputError, auto_labels, autocast, checkpoints_and_config, compare_means, difference_text,
                     find_checkpoints, format_table, group_over_seeds, holds_at, holm_over, interval_text, jsonable,
-                    k_of_n_text, kernels_of, load_run, load_val, mean_std_text, p_text, parse_list, pearson,
+                    k_of_n_text, kernels_of, load_run, load_val, mean_ci, p_text, parse_list, pearson,
                     pick_device, pick_dtype, resolve_data_dir, rope_scaling_options, tests_caption, trained_by,
                     training_setting, verdict_counts)
 from configurator import ConfigError
@@ -170,19 +173,42 @@ def summary_table(rows, lens, metric, markdown=False):
     return format_table(header, out, markdown)
 
 
+# the two measures of every table over seeds: exact match, and the log-likelihood per answer token, the continuous
+# one, so that no conclusion hangs on the threshold of exact match (or of 'learned'); what a run's figure can be
+# (a log-likelihood is at most 0), and so where a mean's interval is cut; only exact match's range is finite, so
+# only it bounds a difference
+MEASURES = {'accuracy': 'exact match', 'logp_mean': 'log-likelihood per answer token'}
+BOUNDS = {'accuracy': (0.0, 1.0), 'logp_mean': (-math.inf, 0.0)}
+DIFFERENCE_BOUNDS = {'accuracy': (0.0, 1.0), 'logp_mean': None}
+
+
+def group_text(metric, over):
+    """What group_table's cells are, for its caption; over: which seeds."""
+    agree = " (a single point where the seeds agree: nothing to estimate a spread from)"
+    if metric == 'accuracy':
+        return (f"Exact match, mean over depths: the mean over {over} with the 95% t interval of the mean, cut "
+                f"to 0-100%{agree}")
+    return (f"Log-likelihood per answer token (nats; chance {chance_logp_per_digit():.3f}), mean over depths: the "
+            f"mean over {over} with the 95% t interval of the mean, cut at 0{agree}")
+
+
 def group_table(groups, lens, metric, markdown=False):
-    """The groups of seeds: a row each, a column per length; the metric's mean ± sample std over seeds
-    (of the per-seed means over depths), and how many seeds learned the task at the training length, with the
-    exact binomial interval of that share."""
+    """The groups of seeds: a row each, a column per length; the metric's mean over seeds (of the per-seed means
+    over depths) with the 95% t interval of that mean (common.mean_ci, cut to the possible range, BOUNDS;
+    the mean alone for one seed, a single point where the seeds agree), and how many seeds learned the task at
+    the training length, with the exact binomial interval of that share."""
+    scale, fmt, unit = (100, '{:.0f}', '%') if metric == 'accuracy' else (1, '{:.3f}', '')
+
     def cell(c):
         if isinstance(c, str):
             return c
         if metric not in c:
             return 'n/a: not kept'
-        m, s = c[metric]['mean'], c[metric]['std']
-        if metric == 'accuracy':
-            return mean_std_text(100 * m, None if s is None else 100 * s, '{:.0f}', '%')
-        return mean_std_text(m, s, '{:.3f}')
+        ci = mean_ci(c[metric]['values'], bounds=BOUNDS[metric])
+        if ci is None:
+            return fmt.format(scale * c[metric]['mean']) + unit
+        m, lo, hi = (fmt.format(scale * x) for x in ci)
+        return f"{m}{unit} [{lo}, {hi}]"
     header = ['model', 'seeds', 'learned [95% interval]'] + [str(L) for L in lens]
     out = [[g['label'], ','.join(str(s) for s in g['seeds']),
             'n/a' if g['learned'] is None else k_of_n_text(g['learned'], g['n'])] + [cell(g['per_length'][L]) for L in lens]
@@ -332,7 +358,7 @@ def evaluate(cfg, ckpt_paths):
         del model
 
     groups = group_rows(rows, lens, cfg['learned_exact'])
-    comparisons = compare_groups(groups, lens)
+    comparisons = [c for metric in MEASURES for c in compare_groups(groups, lens, metric)]  # Holm per measure
     write_outputs(cfg, protocol, rows, lens, groups, comparisons)
     if cfg['save_runs']:
         merge_runs(cfg['save_runs'], protocol, rows)
@@ -393,25 +419,29 @@ def comparison_pairs(groups):
     return out
 
 
-def compare_groups(groups, lens):
-    """DAPE-X against X per length: the difference of their mean exact match with its 95% t interval cut to
-    the possible range (exact match lies in [0, 1]), Welch's p and the exact p (common.compare_means), over the seeds that
-    learned retrieval at the training length and, apart, over every seed; and the exact p adjusted by
-    Holm's method over all of them, the comparisons of one table. -> [{label, baseline, learned,
-    learned_seeds: {L: comparison}, all_seeds: {L: comparison}}]."""
+def compare_groups(groups, lens, metric='accuracy'):
+    """DAPE-X against X per length, in one of MEASURES: the difference of their means with its 95% t interval
+    (cut to the possible range for exact match, which lies in [0, 1]), Welch's p and the exact p
+    (common.compare_means), over the seeds that learned retrieval at the training length and, apart, over every
+    seed; and the exact p adjusted by Holm's method over all of them, the comparisons of one table (one per
+    measure). -> [{label, baseline, metric, learned, learned_seeds: {L: comparison}, all_seeds: {L: comparison}}]."""
     out = []
     for a, b in comparison_pairs(groups):
-        c = {'label': a['label'], 'baseline': b['label'], 'learned': [a['learned'], a['n'], b['learned'], b['n']],
-             'learned_seeds': {}, 'all_seeds': {}}
+        c = {'label': a['label'], 'baseline': b['label'], 'metric': metric,
+             'learned': [a['learned'], a['n'], b['learned'], b['n']], 'learned_seeds': {}, 'all_seeds': {}}
         for L in lens:
             ca, cb = a['per_length'][L], b['per_length'][L]
             if isinstance(ca, str) or isinstance(cb, str) or ca['n'] < a['n'] or cb['n'] < b['n']:
                 c['learned_seeds'][L] = c['all_seeds'][L] = {'status': 'n/a: not evaluated'}
                 continue
-            va, vb = ca['accuracy']['values'], cb['accuracy']['values']
-            c['all_seeds'][L] = compare_means(va, vb, bounds=(0.0, 1.0))
+            if metric not in ca or metric not in cb:
+                c['learned_seeds'][L] = c['all_seeds'][L] = {'status': 'n/a: not kept'}
+                continue
+            va, vb = ca[metric]['values'], cb[metric]['values']
+            c['all_seeds'][L] = compare_means(va, vb, bounds=DIFFERENCE_BOUNDS[metric])
             c['learned_seeds'][L] = compare_means([v for v, f in zip(va, a['learned_seeds']) if f],
-                                                  [v for v, f in zip(vb, b['learned_seeds']) if f], bounds=(0.0, 1.0))
+                                                  [v for v, f in zip(vb, b['learned_seeds']) if f],
+                                                  bounds=DIFFERENCE_BOUNDS[metric])
         out.append(c)
     holm_over(table_tests(out, lens))
     return out
@@ -431,23 +461,26 @@ def learned_text(learned_exact):
             f"({when}), with the exact (Clopper-Pearson) 95% interval of the share of seeds")
 
 
-def comparison_caption(comparisons, lens):
+def comparison_caption(comparisons, lens, metric='accuracy'):
     """What comparison_table's cells are, and its tests (common.tests_caption)."""
-    return ("DAPE-X minus X, exact match in percentage points: the difference of the means ["
-            + interval_text(bounded=True) + "], Welch's two-sided p, the exact p and its Holm adjustment, over "
-            "the seeds that learned retrieval at the training length (learned) and over every seed (all). "
-            + tests_caption(table_tests(comparisons, lens)))
+    what = ("exact match in percentage points" if metric == 'accuracy' else
+            "log-likelihood per answer token in nats (higher: the answer more likely)")
+    return (f"DAPE-X minus X, {what}: the difference of the means ["
+            + interval_text(bounded=DIFFERENCE_BOUNDS[metric] is not None) + "], Welch's two-sided p, the exact p and its Holm "
+            "adjustment, over the seeds that learned retrieval at the training length (learned) and over every seed "
+            "(all). " + tests_caption(table_tests(comparisons, lens)))
 
 
 def comparison_table(comparisons, lens, markdown=False):
-    """A row per DAPE-X against X and per set of seeds: the difference of the mean exact match in
-    percentage points [95% t interval cut to the possible range], Welch's p, the exact p and its Holm
-    adjustment (compare_groups)."""
-    def cell(c):
+    """A row per DAPE-X against X and per set of seeds: the difference of the means, of exact match in
+    percentage points [95% t interval cut to the possible range] or of log-likelihood in nats [95% t interval],
+    Welch's p, the exact p and its Holm adjustment (compare_groups, one measure)."""
+    def cell(c, metric):
         if c['status'] != 'ok':
             return c['status']
-        pct = dict(c, diff=100 * c['diff'], ci=[100 * x for x in c['ci']])
-        return (f"{difference_text(pct, '{:+.0f}')}, p {p_text(c['p'])}, exact {p_text(c['p_exact'])}, "
+        scale, fmt = (100, '{:+.0f}') if metric == 'accuracy' else (1, '{:+.2f}')
+        d = dict(c, diff=scale * c['diff'], ci=[scale * x for x in c['ci']])
+        return (f"{difference_text(d, fmt)}, p {p_text(c['p'])}, exact {p_text(c['p_exact'])}, "
                 f"Holm {p_text(c['p_holm'])}")
     header = ['DAPE-X minus X', 'seeds', 'learned'] + [str(L) for L in lens]
     rows = []
@@ -455,23 +488,27 @@ def comparison_table(comparisons, lens, markdown=False):
         ka, na, kb, nb = c['learned']
         for which, name in (('learned_seeds', 'learned'), ('all_seeds', 'all')):
             rows.append([f"{c['label']} - {c['baseline']}", name, f"{ka} of {na} vs {kb} of {nb}"]
-                        + [cell(c[which][L]) for L in lens])
+                        + [cell(c[which][L], c['metric']) for L in lens])
     return format_table(header, rows, markdown)
 
 
 def seed_tables(protocol, rows, lens, markdown=True):
-    """The tables over seeds of a passkey.json's rows, as the results pages show them: exact match per
-    group (mean ± sample std, learned), DAPE-X against X, and every run."""
+    """The tables over seeds of a passkey.json's rows, as the results pages show them: per group the exact match
+    and the log-likelihood per answer token (the mean with its interval, learned), DAPE-X against X in each, and
+    every run's exact match."""
     groups = group_rows(rows, lens, protocol['learned_exact'])
-    comparisons = compare_groups(groups, lens)
     seed_sets = {tuple(g['seeds']) for g in groups}  # the header names one set only where every model has it
     over = (f"seeds {','.join(map(str, next(iter(seed_sets))))}" if len(seed_sets) == 1
             else "each model's seeds (its seeds column)")
-    text = [f"Exact match, mean over depths: mean ± sample std over {over}; "
-            f"{learned_text(protocol['learned_exact'])}.", '', group_table(groups, lens, 'accuracy', markdown)]
-    if comparisons:
-        text += ['', comparison_caption(comparisons, lens), '', comparison_table(comparisons, lens, markdown)]
-    text += ['', 'Every run: exact match, mean over depths.', '', summary_table(rows, lens, 'accuracy', markdown)]
+    text = []
+    for metric in MEASURES:
+        learned = f"; {learned_text(protocol['learned_exact'])}" if metric == 'accuracy' else ''
+        text += [f"{group_text(metric, over)}{learned}.", '', group_table(groups, lens, metric, markdown), '']
+    for metric in MEASURES:
+        comparisons = compare_groups(groups, lens, metric)
+        if comparisons:
+            text += [comparison_caption(comparisons, lens, metric), '', comparison_table(comparisons, lens, markdown), '']
+    text += ['Every run: exact match, mean over depths.', '', summary_table(rows, lens, 'accuracy', markdown)]
     return '\n'.join(text)
 
 
@@ -560,7 +597,8 @@ def retest_tables(protocol, rows_a, rows_b, lens):
     under each rounding and how many changed sides, and how the exact match and the log-likelihood per answer
     token move over every seed and length (Pearson's r between the two, the mean absolute move); per run, learned
     or not and its figures at the training length and the longest under both; and every comparison the published
-    tables make (compare_groups: DAPE-X against X at each length, over the learned seeds and over all), computed
+    tables make (compare_groups: DAPE-X against X at each length in each of MEASURES, over the learned seeds and
+    over all), computed
     under each rounding as its own table computes it, with whether its conclusion (which side is ahead, and
     whether Holm's exact p is below ALPHA) holds under both."""
     by_a, by_b = _by_run(rows_a, 'tables_from'), _by_run(rows_b, 'rounding_from')
@@ -606,12 +644,13 @@ def retest_tables(protocol, rows_a, rows_b, lens):
     summary.append(['all', f"{len(ra)} runs", '', '', str(flips)] + figures(ra, rb))
     # the comparisons, each computed under each rounding as its own table computes it (Holm over that table)
     checks, held, total = [], 0, 0
-    for ca, cb in zip(compare_groups(ga, lens), compare_groups(gb, lens)):
-        for which, name in (('learned_seeds', 'learned'), ('all_seeds', 'all')):
-            text, same, tested = holds_at(ca[which], cb[which], lens, 'L')
-            held, total = held + same, total + tested
-            checks.append([f"{ca['label']} - {ca['baseline']}", name, verdict_counts(ca[which].values()),
-                           verdict_counts(cb[which].values()), text])
+    for metric, measure in MEASURES.items():
+        for ca, cb in zip(compare_groups(ga, lens, metric), compare_groups(gb, lens, metric)):
+            for which, name in (('learned_seeds', 'learned'), ('all_seeds', 'all')):
+                text, same, tested = holds_at(ca[which], cb[which], lens, 'L')
+                held, total = held + same, total + tested
+                checks.append([f"{ca['label']} - {ca['baseline']}", measure, name, verdict_counts(ca[which].values()),
+                               verdict_counts(cb[which].values()), text])
     seeds = sorted({r['seed'] for r in ra}, key=lambda s: (s is None, s or 0))
     text = [format_table(['model', 'seeds', f"learned, {a_name}", f"learned, {b_name}", 'changed sides', 'exact match r',
                           'exact match mean move', 'log-likelihood r', 'log-likelihood mean move'], summary, True),
@@ -620,8 +659,8 @@ def retest_tables(protocol, rows_a, rows_b, lens):
                           f"exact match at the longest length, {a_name} / {b_name}",
                           f"log-likelihood at the longest length, {a_name} / {b_name}"], per_run, True)]
     if checks:
-        text.append(format_table(['DAPE-X minus X', 'seeds', f"{a_name}: exact match at each of {len(lens)} lengths",
-                                  f"{b_name}: exact match at each of {len(lens)} lengths", 'holds under both'],
+        text.append(format_table(['DAPE-X minus X', 'measure', 'seeds', f"{a_name}: at each of {len(lens)} lengths",
+                                  f"{b_name}: at each of {len(lens)} lengths", 'holds under both'],
                                  checks, True))
     kernels = (f"ATen's {ka} kernels and its {kb} kernels" if 'unknown' not in (ka, kb) else
                f"ATen's kernels as the runs record them, {ka} (tables_from) and {kb} (rounding_from; unknown: not recorded)")
@@ -632,8 +671,8 @@ def retest_tables(protocol, rows_a, rows_b, lens):
                f"rounding; changed sides: runs learned under one and not the other. r: Pearson's correlation between "
                f"the two roundings over every seed and length (n/a: fewer than 3 pairs, or one side does not vary); "
                f"mean move: the mean absolute difference, in points of exact match, in nats of log-likelihood per "
-               f"answer token. Comparisons: DAPE-X minus X's exact match at each length, over the seeds that learned "
-               f"(learned) and over every seed (all), each as its table computes it under each rounding (Holm over that "
+               f"answer token. Comparisons: DAPE-X minus X's exact match, and apart its log-likelihood per answer token, at "
+               f"each length, over the seeds that learned (learned) and over every seed (all), each as its table computes it under each rounding (Holm over that "
                f"table); ahead, and significantly where Holm's exact p is below {ALPHA:g}; a conclusion (ahead, behind "
                f"or level, significantly or not) holds where both say the same (n/a: no test under one of them). "
                f"{held} of {total} conclusions hold under both.")
@@ -667,13 +706,11 @@ def write_outputs(cfg, protocol, rows, lens, groups=(), comparisons=()):
     learned = learned_text(protocol['learned_exact'])
     text = [f"exact match, mean over depths\n{summary_table(rows, lens, 'accuracy')}",
             f"log-likelihood per answer token (nats), mean over depths\n{summary_table(rows, lens, 'logp')}"]
+    by_metric = {m: [c for c in comparisons if c['metric'] == m] for m in MEASURES}
     if seeded:
-        text += [f"over seeds: exact match, mean ± sample std of the seeds' means over depths; {learned}\n"
-                 f"{group_table(groups, lens, 'accuracy')}",
-                 f"over seeds: log-likelihood per answer token (nats), mean ± sample std\n"
-                 f"{group_table(groups, lens, 'logp_mean')}"]
-    if comparisons:
-        text += [f"{comparison_caption(comparisons, lens)}\n{comparison_table(comparisons, lens)}"]
+        text += [f"over seeds: {group_text(m, 'the seeds')}" + (f"; {learned}" if m == 'accuracy' else '')
+                 + f"\n{group_table(groups, lens, m)}" for m in MEASURES]
+    text += [f"{comparison_caption(cs, lens, m)}\n{comparison_table(cs, lens)}" for m, cs in by_metric.items() if cs]
     text += [f"{r['label']}: exact match (log-likelihood per token), per depth\n{model_table(r, lens)}" for r in rows]
     print('\n' + '\n\n'.join(text) + '\n\n' + chance)
 
@@ -683,13 +720,13 @@ def write_outputs(cfg, protocol, rows, lens, groups=(), comparisons=()):
           '## Exact match, mean over depths', '', summary_table(rows, lens, 'accuracy', True), '',
           '## Log-likelihood per answer token (nats), mean over depths', '', summary_table(rows, lens, 'logp', True), '']
     if seeded:
-        md += ['## Over seeds: exact match', '',
-               f"Mean ± sample std over seeds of each seed's exact match (mean over depths); {learned}.", '',
-               group_table(groups, lens, 'accuracy', True), '',
-               '## Over seeds: log-likelihood per answer token (nats)', '', group_table(groups, lens, 'logp_mean', True), '']
-    if comparisons:
-        md += ["## DAPE-X minus X: exact match", '', comparison_caption(comparisons, lens), '',
-               comparison_table(comparisons, lens, True), '']
+        for m, name in MEASURES.items():
+            md += [f"## Over seeds: {name}", '', f"{group_text(m, 'the seeds')}"
+                   + (f"; {learned}." if m == 'accuracy' else '.'), '', group_table(groups, lens, m, True), '']
+    for m, cs in by_metric.items():
+        if cs:
+            md += [f"## DAPE-X minus X: {MEASURES[m]}", '', comparison_caption(cs, lens, m), '',
+                   comparison_table(cs, lens, True), '']
     for r in rows:
         md += [f"## {r['label']}: exact match (log-likelihood per token) per depth", '', model_table(r, lens, True), '']
     with open(os.path.join(out, 'passkey.md'), 'w') as f:

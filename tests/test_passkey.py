@@ -478,11 +478,26 @@ def test_eval_passkey_groups_seeds_by_hand(tmp_path, monkeypatch):
     # learned at the training length (96): seeds 1 (100%) and 2 (67%), not seed 3 (33%)
     assert (g['learned'], lr['learned'], lr['per_length'][96]['accuracy']['std']) == (2, 0, None)
     md = open(os.path.join(root, 'res', 'passkey.md')).read()
-    assert '| kerple | 1,2,3 | 2 of 3 [9, 99]% | 67% ± 33 | 11% ± 19 |' in md
-    assert '| kerple | 1,2,3 | 2 of 3 [9, 99]% | -1.000 ± 0.500 | -2.000 ± 1.000 |' in md
+    # over seeds: the mean with its 95% t interval, cut to what a figure can be (0-100%; a log-likelihood at most 0)
+    acc = lambda v: _ci_cell(v, '{:.0f}', '%', 100, 0, 1)
+    assert f"| kerple | 1,2,3 | 2 of 3 [9, 99]% | {acc([1, 2 / 3, 1 / 3])} | {acc([1 / 3, 0, 0])} |" in md
+    assert acc([1, 2 / 3, 1 / 3]) == '67% [0, 100]' and acc([1 / 3, 0, 0]) == '11% [0, 59]'
+    lp = lambda v: _ci_cell(v, '{:.3f}', hi=0)
+    assert f"| kerple | 1,2,3 | 2 of 3 [9, 99]% | {lp([-0.5, -1, -1.5])} | {lp([-1, -2, -3])} |" in md
+    assert lp([-0.5, -1, -1.5]) == '-1.000 [-2.242, 0.000]' 
     assert '| kerple[learning_rate=0.001] | 1 | 0 of 1 [0, 98]% | 0% | 0% |' in md
     saved = json.load(open(os.path.join(root, 'res', 'passkey.json')))
     assert saved['groups'][0]['learned'] == 2 and saved['protocol']['learned_exact'] == 0.5
+
+
+def _ci_cell(values, fmt, unit='', scale=1, lo=-math.inf, hi=math.inf):
+    """A table-over-seeds cell as scipy computes it: the mean and its 95% t interval (scipy.stats.t.interval),
+    cut to [lo, hi]."""
+    stats = pytest.importorskip("scipy.stats")
+    m = float(np.mean(values))
+    a, b = stats.t.interval(0.95, len(values) - 1, loc=m, scale=stats.sem(values))
+    f = lambda x: fmt.format(scale * x)
+    return f"{f(m)}{unit} [{f(max(a, lo))}, {f(min(b, hi))}]"
 
 
 def _row(label, setting, seed, accs, block=128, lens=(128, 256)):
@@ -529,6 +544,43 @@ def test_dape_against_its_baseline_over_learned_and_all_seeds():
     assert 'for the 4 comparisons of this table' in caption and '0.2 with 2 and 3 seeds, 0.1 with 3 and 3 seeds' in caption
 
 
+def test_dape_against_its_baseline_in_log_likelihood_too():
+    """The continuous measure has its own comparison table: DAPE-X minus X in log-likelihood per answer token, an
+    interval that is not cut (a difference of log-likelihoods has no finite bound), Welch's and the exact p, and
+    Holm over that table alone; --tables_from prints it after exact match's."""
+    import common
+    lens = [128, 256]
+
+    def row(label, setting, seed, accs, lps):
+        r = _row(label, setting, seed, accs)
+        for L, lp in zip(lens, lps):
+            r['per_length'][L]['logp_mean'] = lp
+        return r
+    rows = [row('d_s1', 'dape-kerple', 1, [1.0, 0.9], [-0.01, -0.2]), row('d_s2', 'dape-kerple', 2, [1.0, 0.7], [-0.02, -0.5]),
+            row('d_s3', 'dape-kerple', 3, [0.0, 0.0], [-2.2, -2.4]),
+            row('k_s1', 'kerple', 1, [1.0, 0.2], [-0.01, -1.9]), row('k_s2', 'kerple', 2, [0.9, 0.4], [-0.05, -1.1]),
+            row('k_s3', 'kerple', 3, [0.8, 0.1], [-0.3, -2.0])]
+    groups = EP.group_rows(rows, lens, 0.5)
+    c, = EP.compare_groups(groups, lens, 'logp_mean')
+    assert c['metric'] == 'logp_mean'
+    without_holm = lambda x: {k: v for k, v in x.items() if k != 'p_holm'}
+    assert without_holm(c['all_seeds'][256]) == common.compare_means([-0.2, -0.5, -2.4], [-1.9, -1.1, -2.0])
+    assert without_holm(c['learned_seeds'][256]) == common.compare_means([-0.2, -0.5], [-1.9, -1.1, -2.0])
+    assert c['all_seeds'][256]['ci_method'] == 't'
+    tests = EP.table_tests([c], lens)
+    assert [t['p_holm'] for t in tests] == common.holm([t['p_exact'] for t in tests])  # this table's four alone
+    learned = c['learned_seeds'][256]
+    line = next(x for x in EP.comparison_table([c], lens, markdown=True).splitlines()
+                if x.startswith('| dape-kerple - kerple | learned |'))
+    assert line.endswith(f"| {common.difference_text(learned, '{:+.2f}')}, p {common.p_text(learned['p'])}, "
+                         f"exact {common.p_text(learned['p_exact'])}, Holm {common.p_text(learned['p_holm'])} |")
+    assert 'cut to the possible range' not in EP.comparison_caption([c], lens, 'logp_mean')
+    protocol = {'lengths': lens, 'learned_exact': 0.5}
+    text = EP.seed_tables(protocol, rows, lens)
+    assert text.index('DAPE-X minus X, exact match') < text.index('DAPE-X minus X, log-likelihood per answer token')
+    assert line in text
+
+
 def test_tables_from_a_results_file(tmp_path):
     """--tables_from prints the tables over seeds of a passkey.json without evaluating anything, from the
     runs' figures alone (what a results page keeps)."""
@@ -542,16 +594,17 @@ def test_tables_from_a_results_file(tmp_path):
         return EP.main([f'--tables_from={path}'])
 
     text = tables(rows)
-    assert '| kerple | 1,2 | 2 of 2 [16, 100]% | 100% ± 0 | 40% ± 14 |' in text
+    # every seed at 100%: the single point; 50% and 30%: the t interval with one degree of freedom, cut at 0
+    assert f"| kerple | 1,2 | 2 of 2 [16, 100]% | 100% [100, 100] | {_ci_cell([0.5, 0.3], '{:.0f}', '%', 100, 0, 1)} |" in text
     assert '| k_s2 | 100% | 30% |' in text
-    assert 'mean ± sample std over seeds 1,2;' in text
+    assert 'the mean over seeds 1,2 with the 95% t interval of the mean' in text
     # the rule for learned, with the day it was set
     assert 'learned: seeds with an exact match of at least 50% at their training length (the rule since 2026-11-24)' in text
     assert EP.learned_text(0.7).endswith("(this evaluation's rule; the standing one, set on 2026-11-24, is 50%), "
                                              "with the exact (Clopper-Pearson) 95% interval of the share of seeds")
     # models over different seeds: the header must not claim one set for all of them
     text = tables(rows + [_row('r_s3', 'rope', 3, [1.0, 0.0])])
-    assert "mean ± sample std over each model's seeds (its seeds column);" in text and 'seeds 1,2,3' not in text
+    assert "the mean over each model's seeds (its seeds column) with" in text and 'seeds 1,2,3' not in text
 
 
 def test_save_runs_adds_an_evaluation_to_a_results_file(tmp_path, monkeypatch):
@@ -689,14 +742,14 @@ def test_retest_pairs_the_same_runs_under_two_roundings(tmp_path):
                                               f"{logp(0.0, 2, ''):.3f} / {logp(0.2, 2, '_default'):.3f} (L=512)"]
     assert _cells(table, '| kerple | 4 |')[2] == 'no / yes'
 
-    def verdicts(runs, flags):
-        """Each rounding's own table: DAPE-Kerple minus Kerple over the learned seeds and over all, per length,
-        Holm over those six; -> {(which, L): 'ahead', 'behind*', ...}."""
+    def verdicts(runs, flags, bounds=(0, 1)):
+        """Each rounding's own table of one measure: DAPE-Kerple minus Kerple over the learned seeds and over all,
+        per length, Holm over those six; -> {(which, L): 'ahead', 'behind*', ...}."""
         tests = {}
         for which in ('learned', 'all'):
             for i, L in enumerate(lens):
                 vals = lambda m: [runs[(m, s)][i] for s in range(1, 6) if which == 'all' or flags[(m, s)]]
-                tests[(which, L)] = common.compare_means(vals('dape-kerple'), vals('kerple'), bounds=(0, 1))
+                tests[(which, L)] = common.compare_means(vals('dape-kerple'), vals('kerple'), bounds=bounds)
         ok = [k for k, c in tests.items() if c['status'] == 'ok']
         holm = dict(zip(ok, common.holm([tests[k]['p_exact'] for k in ok])))
         return {k: ('ahead' if c['diff'] > 0 else 'behind' if c['diff'] < 0 else 'level')
@@ -708,15 +761,20 @@ def test_retest_pairs_the_same_runs_under_two_roundings(tmp_path):
     count = lambda v, which: (f"ahead at {sum(v[(which, L)].startswith('ahead') for L in lens)}, significantly at "
                               f"{sum(v[(which, L)] == 'ahead*' for L in lens)}; behind significantly at "
                               f"{sum(v[(which, L)] == 'behind*' for L in lens)}")
+    # the continuous measure's comparisons too, in a table (and a Holm adjustment) of their own
+    la = {k: [logp(v, k[1], '') for v in vs] for k, vs in a.items()}
+    lb = {k: [logp(v, k[1], '_default') for v in vs] for k, vs in b.items()}
+    la_v, lb_v = verdicts(la, learned['a'], bounds=None), verdicts(lb, learned['b'], bounds=None)
     held = total = 0
-    for which in ('learned', 'all'):
-        tested = [L for L in lens if (which, L) in va and (which, L) in vb]
-        other = [L for L in tested if va[(which, L)] != vb[(which, L)]]
-        held, total = held + len(tested) - len(other), total + len(tested)
-        assert _cells(table, f"| dape-kerple - kerple | {which} |")[2:] == [
-            count(va, which), count(vb, which),
-            f"at {len(tested) - len(other)} of {len(tested)}" + (f"; not at L={','.join(map(str, other))}" if other else '')]
-    assert _cells(table, '| dape-kerple - kerple | all |')[4].endswith('; not at L=256,512')
+    for measure, (x, y) in (('exact match', (va, vb)), ('log-likelihood per answer token', (la_v, lb_v))):
+        for which in ('learned', 'all'):
+            tested = [L for L in lens if (which, L) in x and (which, L) in y]
+            other = [L for L in tested if x[(which, L)] != y[(which, L)]]
+            held, total = held + len(tested) - len(other), total + len(tested)
+            assert _cells(table, f"| dape-kerple - kerple | {measure} | {which} |")[3:] == [
+                count(x, which), count(y, which),
+                f"at {len(tested) - len(other)} of {len(tested)}" + (f"; not at L={','.join(map(str, other))}" if other else '')]
+    assert _cells(table, '| dape-kerple - kerple | exact match | all |')[5].endswith('; not at L=256,512')
     assert held < total and lines[-1].endswith(f" {held} of {total} conclusions hold under both.")
     assert "seeds 1,2,3,4,5" in lines[-1] and "ATen's AVX512 kernels and its DEFAULT kernels" in lines[-1]
 
