@@ -461,8 +461,10 @@ def learned_text(learned_exact):
             f"({when}), with the exact (Clopper-Pearson) 95% interval of the share of seeds")
 
 
-def comparison_caption(comparisons, lens, metric='accuracy'):
-    """What comparison_table's cells are, and its tests (common.tests_caption)."""
+def comparison_caption(comparisons, lens):
+    """What comparison_table's cells are (the measure its comparisons were made in), and its tests
+    (common.tests_caption)."""
+    metric = comparisons[0]['metric']
     what = ("exact match in percentage points" if metric == 'accuracy' else
             "log-likelihood per answer token in nats (higher: the answer more likely)")
     return (f"DAPE-X minus X, {what}: the difference of the means ["
@@ -507,7 +509,7 @@ def seed_tables(protocol, rows, lens, markdown=True):
     for metric in MEASURES:
         comparisons = compare_groups(groups, lens, metric)
         if comparisons:
-            text += [comparison_caption(comparisons, lens, metric), '', comparison_table(comparisons, lens, markdown), '']
+            text += [comparison_caption(comparisons, lens), '', comparison_table(comparisons, lens, markdown), '']
     text += ['Every run: exact match, mean over depths.', '', summary_table(rows, lens, 'accuracy', markdown)]
     return '\n'.join(text)
 
@@ -710,7 +712,7 @@ def write_outputs(cfg, protocol, rows, lens, groups=(), comparisons=()):
     if seeded:
         text += [f"over seeds: {group_text(m, 'the seeds')}" + (f"; {learned}" if m == 'accuracy' else '')
                  + f"\n{group_table(groups, lens, m)}" for m in MEASURES]
-    text += [f"{comparison_caption(cs, lens, m)}\n{comparison_table(cs, lens)}" for m, cs in by_metric.items() if cs]
+    text += [f"{comparison_caption(cs, lens)}\n{comparison_table(cs, lens)}" for cs in by_metric.values() if cs]
     text += [f"{r['label']}: exact match (log-likelihood per token), per depth\n{model_table(r, lens)}" for r in rows]
     print('\n' + '\n\n'.join(text) + '\n\n' + chance)
 
@@ -725,7 +727,7 @@ def write_outputs(cfg, protocol, rows, lens, groups=(), comparisons=()):
                    + (f"; {learned}." if m == 'accuracy' else '.'), '', group_table(groups, lens, m, True), '']
     for m, cs in by_metric.items():
         if cs:
-            md += [f"## DAPE-X minus X: {MEASURES[m]}", '', comparison_caption(cs, lens, m), '',
+            md += [f"## DAPE-X minus X: {MEASURES[m]}", '', comparison_caption(cs, lens), '',
                    comparison_table(cs, lens, True), '']
     for r in rows:
         md += [f"## {r['label']}: exact match (log-likelihood per token) per depth", '', model_table(r, lens, True), '']

@@ -574,7 +574,7 @@ def test_dape_against_its_baseline_in_log_likelihood_too():
                 if x.startswith('| dape-kerple - kerple | learned |'))
     assert line.endswith(f"| {common.difference_text(learned, '{:+.2f}')}, p {common.p_text(learned['p'])}, "
                          f"exact {common.p_text(learned['p_exact'])}, Holm {common.p_text(learned['p_holm'])} |")
-    assert 'cut to the possible range' not in EP.comparison_caption([c], lens, 'logp_mean')
+    assert 'cut to the possible range' not in EP.comparison_caption([c], lens)
     protocol = {'lengths': lens, 'learned_exact': 0.5}
     text = EP.seed_tables(protocol, rows, lens)
     assert text.index('DAPE-X minus X, exact match') < text.index('DAPE-X minus X, log-likelihood per answer token')
