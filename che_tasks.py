@@ -54,7 +54,7 @@ import che_data
 import retrieval_data
 from che_data import TABLE2_TASKS, make_batch, max_sequence_length
 from common import (ALPHA, autocast as autocast_context, compare_means, difference_text, holds, holds_at, holm_over,
-                    interval_text, k_of_n_text, kernels_of, mean_std, mean_std_text, p_text, pearson, pick_device,
+                    interval_text, k_of_n_text, kernels_of, mean_ci_text, p_text, pearson, pick_device,
                     pick_dtype, pos_options, provenance, tests_caption, verdict, verdict_counts)
 from configurator import check_device, configure
 from model import GPT, GPTConfig
@@ -582,13 +582,16 @@ def learned_threshold(task, cfg):
     return chance + cfg['learned_frac'] * (100 - chance)
 
 
-def _mean_std_text(values):
+MEAN_CI_TEXT = ("the mean with the 95% t interval of the mean (n - 1 degrees of freedom), cut to 0-100; the mean "
+                "alone for one seed")
+
+
+def _mean_ci_text(values):
+    """Accuracies (%) over seeds as the tables write them: the mean with its 95% t interval cut to 0-100
+    (common.mean_ci_text); 'n/s' where a run was not servable."""
     if any(v is None for v in values):
         return 'n/s'
-    if not values:
-        return '-'
-    m, s = mean_std(values)
-    return mean_std_text(m, s)
+    return mean_ci_text(values, bounds=(0.0, 100.0))
 
 
 def _compare(a, b):
@@ -660,8 +663,8 @@ def seed_comparisons(rows):
 def seeds_table(cells, tasks, columns, cfg):
     """The tables over seeds. First a row per (task, encoding, learning rate): how many seeds learned
     the task (ID at least learned_threshold) with the exact binomial interval of that share, ID accuracy
-    over every seed and the extrapolation (OOD) scores over the seeds that learned it, as mean ± sample
-    std, with the per-seed figures (those of seeds that did not learn it in brackets: they say nothing about
+    over every seed and the extrapolation (OOD) scores over the seeds that learned it, as the mean with
+    its 95% t interval (_mean_ci_text), with the per-seed figures (those of seeds that did not learn it in brackets: they say nothing about
     extrapolation). Then a row per comparison of seed_comparisons: the difference of the means with its 95%
     t interval cut to the possible range, Welch's two-sided p, the exact p and that p adjusted by Holm's
     method over every comparison of the table. -> the Markdown tables with their caption."""
@@ -680,9 +683,9 @@ def seeds_table(cells, tasks, columns, cfg):
         per_seed = ', '.join(fig(r['score']) if is_learned(r, threshold) else f"({fig(r['score'])})" for r in runs)
         lines.append(f"| {t} | {encoding_label(p, d)} |" + (f" {lr:g} |" if several_rates else '')
                      + f" {100 * TASKS[t].random_baseline:.0f} | {k_of_n_text(len(learned), len(runs))} | "
-                     f"{_mean_std_text([r['id_score'] for r in runs])} | {', '.join(fig(r['id_score']) for r in runs)} | "
-                     f"{_mean_std_text([r['score'] for r in learned])} | {per_seed} |"
-                     + ''.join(f" {_mean_std_text([r['variants'][v]['score'] for r in learned])} |"
+                     f"{_mean_ci_text([r['id_score'] for r in runs])} | {', '.join(fig(r['id_score']) for r in runs)} | "
+                     f"{_mean_ci_text([r['score'] for r in learned])} | {per_seed} |"
+                     + ''.join(f" {_mean_ci_text([r['variants'][v]['score'] for r in learned])} |"
                                if v in TASKS[t].variants else ' - |' for v in variants))
     compared = seed_comparisons(rows)
     if compared:
@@ -700,8 +703,8 @@ def seeds_table(cells, tasks, columns, cfg):
                      + ' | '.join(cell for c in cs for cell in _difference_cells(c)) + ' |')
     seeds = sorted({r['seed'] for *_, runs, _ in rows for r in runs})
     thresholds = [f"{learned_threshold(TASKS[t], cfg):.4g}% for {t}" for t in tasks]
-    lines += ['', f"Accuracy (%) over seeds {','.join(map(str, seeds))}: mean ± sample std; per seed in seed "
-                  f"order. learned: ID accuracy at least {cfg['learned_frac']:g} of the way from chance to 100% "
+    lines += ['', f"Accuracy (%) over seeds {','.join(map(str, seeds))}: {MEAN_CI_TEXT}; per seed in "
+                  f"seed order. learned: ID accuracy at least {cfg['learned_frac']:g} of the way from chance to 100% "
                   f"({', '.join(thresholds)}; {learned_rule_text(tasks, cfg)}), with the exact (Clopper-Pearson) "
                   f"95% interval of the share of seeds. ID over every seed; OOD over the "
                   f"seeds that learned the task (in brackets, those that did not). Differences: DAPE-X's mean minus "
@@ -735,7 +738,7 @@ def length_comparisons(rows):
 
 def length_tables(cells, tasks, columns, cfg):
     """The extrapolation at every test length, for runs whose records keep their per-length accuracies:
-    per task, a row per length with each encoding's accuracy (mean ± sample std over every seed), then a
+    per task, a row per length with each encoding's accuracy (the mean over every seed with its 95% interval), then a
     row per DAPE-X minus X and length (length_comparisons): the difference of the means [95% interval],
     Welch's p, the exact p and that p adjusted by Holm's method over the table. '' where no run has
     per-length figures."""
@@ -755,9 +758,9 @@ def length_tables(cells, tasks, columns, cfg):
                  '|' + ' --- |' * (len(task_rows) + 1)]
         curves = [[per_length(x) for x in r[4]] for r in task_rows]
         for N in lengths:
-            lines.append(f"| {N} | " + ' | '.join(_mean_std_text([c[N] for c in cs if N in c]) for cs in curves) + ' |')
-        lines += ['', f"OOD accuracy (%) per test length N: mean ± sample std over every seed "
-                      f"({','.join(map(str, seeds))}), whether or not it learned the task; random "
+            lines.append(f"| {N} | " + ' | '.join(_mean_ci_text([c[N] for c in cs if N in c]) for cs in curves) + ' |')
+        lines += ['', f"OOD accuracy (%) per test length N over every seed ({','.join(map(str, seeds))}), "
+                      f"whether or not it learned the task: {MEAN_CI_TEXT}; random "
                       f"{100 * TASKS[t].random_baseline:.0f}%."]
         if compared:
             lines += ['', f"| {t}: DAPE-X minus X | N | difference [95% interval] | Welch p | exact p | Holm p |",

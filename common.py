@@ -594,6 +594,19 @@ def mean_ci(values, level=0.95, bounds=None):
     return m, lo, hi
 
 
+def mean_ci_text(values, bounds=None, fmt='{:.1f}', unit=''):
+    """'mean [lo, hi]' with mean_ci's 95% interval as every table over seeds writes it (the mean alone for one
+    value, '-' for none): fmt is a format string or a function of a number, unit follows the mean ('%')."""
+    f = fmt if callable(fmt) else fmt.format
+    if len(values) == 0:
+        return '-'
+    ci = mean_ci(values, bounds=bounds)
+    if ci is None:
+        return f(float(values[0])) + unit
+    m, lo, hi = ci
+    return f"{f(m)}{unit} [{f(lo)}, {f(hi)}]"
+
+
 
 def beta_quantile(q, a, b):
     """x with I_x(a, b) = q, by bisection on betainc (monotone in x)."""

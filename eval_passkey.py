@@ -61,7 +61,7 @@ import numpy as np
 
 from common import (ALPHA, InputError, auto_labels, autocast, checkpoints_and_config, compare_means, difference_text,
                     find_checkpoints, format_table, group_over_seeds, holds_at, holm_over, interval_text, jsonable,
-                    k_of_n_text, kernels_of, load_run, load_val, mean_ci, p_text, parse_list, pearson,
+                    k_of_n_text, kernels_of, load_run, load_val, mean_ci_text, p_text, parse_list, pearson,
                     pick_device, pick_dtype, resolve_data_dir, rope_scaling_options, tests_caption, trained_by,
                     training_setting, verdict_counts)
 from configurator import ConfigError
@@ -204,11 +204,7 @@ def group_table(groups, lens, metric, markdown=False):
             return c
         if metric not in c:
             return 'n/a: not kept'
-        ci = mean_ci(c[metric]['values'], bounds=BOUNDS[metric])
-        if ci is None:
-            return fmt.format(scale * c[metric]['mean']) + unit
-        m, lo, hi = (fmt.format(scale * x) for x in ci)
-        return f"{m}{unit} [{lo}, {hi}]"
+        return mean_ci_text(c[metric]['values'], BOUNDS[metric], lambda v: fmt.format(scale * v), unit)
     header = ['model', 'seeds', 'learned [95% interval]'] + [str(L) for L in lens]
     out = [[g['label'], ','.join(str(s) for s in g['seeds']),
             'n/a' if g['learned'] is None else k_of_n_text(g['learned'], g['n'])] + [cell(g['per_length'][L]) for L in lens]

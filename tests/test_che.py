@@ -699,8 +699,8 @@ def _cells(c):
 
 
 def test_seeds_table_counts_learned_seeds_and_pairs_dape_with_its_baseline():
-    """Per (task, encoding): seeds that reached the learned threshold on ID (not OOD), ID mean ± sample
-    std over every seed, OOD over the seeds that learned (the others' figures in brackets), the per-seed
+    """Per (task, encoding): seeds that reached the learned threshold on ID (not OOD), ID's mean with its 95%
+    t interval over every seed (cut to 0-100; the figures are scipy's), OOD over the seeds that learned (the others' figures in brackets), the per-seed
     figures in seed order; then DAPE-X against X: the difference of the means with its 95% t interval cut to the possible range
     (accuracy is bounded), Welch's p, the exact p and its Holm adjustment over the table's comparisons, over the
     learned seeds and, apart, over every seed; the caption states the rule for learned with its date."""
@@ -722,11 +722,11 @@ def test_seeds_table_counts_learned_seeds_and_pairs_dape_with_its_baseline():
     assert C.learned_threshold(C.TASKS['bucket_sort'], cfg) == 60.0
     alibi = _row(table, '| reverse_string | ALiBi |')
     # the share of seeds with its exact (Clopper-Pearson) interval: 2 of 3 -> [9.4%, 99.2%]
-    assert alibi == ['reverse_string', 'ALiBi', '50', '2 of 3 [9, 99]%', '80.0 ± 10.0', '80.0, 70.0, 90.0',
-                     '62.5 ± 3.5', '60.0, (55.0), 65.0']
+    assert alibi == ['reverse_string', 'ALiBi', '50', '2 of 3 [9, 99]%', '80.0 [55.2, 100.0]', '80.0, 70.0, 90.0',
+                     '62.5 [30.7, 94.3]', '60.0, (55.0), 65.0']
     dape = _row(table, '| reverse_string | DAPE-ALiBi |')
     assert dape[3] == '2 of 3 [9, 99]%' and dape[5] == '75.0, 74.9, 100.0'  # 74.9 is below the threshold
-    assert dape[6:] == ['75.0 ± 7.1', '70.0, (72.0), 80.0']
+    assert dape[4] == '83.3 [47.4, 100.0]' and dape[6:] == ['75.0 [11.5, 100.0]', '70.0, (72.0), 80.0']
     pair = _row(table, '| reverse_string | DAPE-ALiBi vs ALiBi |')
     learned, every, ids = (common.compare_means(a, b, bounds=(0.0, 100.0)) for a, b in [
         ([70.0, 80.0], [60.0, 65.0]), ([70.0, 72.0, 80.0], [60.0, 55.0, 65.0]), ([75.0, 74.9, 100.0], [80.0, 70.0, 90.0])])
@@ -769,8 +769,8 @@ def test_seeds_table_rows_per_learning_rate_and_unservable_runs():
         cells[key]['runs'] += _cell(*key, lr_runs, lr=1e-4)['runs']
     cfg = _cfg(seeds='0,1', learning_rates='1e-4,1e-3')
     table = C.seeds_table(cells, ['even_pairs'], [('alibi', 'none'), ('alibi', 'v1')], cfg)
-    assert _row(table, '| even_pairs | ALiBi | 0.001 |')[4:7] == ['2 of 2 [16, 100]%', '91.0 ± 1.4', '90.0, 92.0']
-    assert _row(table, '| even_pairs | ALiBi | 0.0001 |')[4:9] == ['0 of 2 [0, 84]%', '51.0 ± 1.4', '50.0, 52.0', '-',
+    assert _row(table, '| even_pairs | ALiBi | 0.001 |')[4:7] == ['2 of 2 [16, 100]%', '91.0 [78.3, 100.0]', '90.0, 92.0']
+    assert _row(table, '| even_pairs | ALiBi | 0.0001 |')[4:9] == ['0 of 2 [0, 84]%', '51.0 [38.3, 63.7]', '50.0, 52.0', '-',
                                                                   '(50.0), (51.0)']
     import common
     c = common.compare_means([70.0, 71.0], [60.0, 62.0], bounds=(0.0, 100.0))
@@ -908,7 +908,8 @@ def _runs_with_lengths(task, pos, dape, figures, machine='cpu, AVX512 kernels, t
 
 
 def test_length_tables_give_every_seed_at_every_length_and_each_dape_difference():
-    """Per test length: each encoding's mean ± sample std over every seed, the seed that did not learn the task
+    """Per test length: each encoding's mean with its 95% t interval over every seed (cut to 0-100; the figures
+    are scipy's), the seed that did not learn the task
     included (no threshold decides these); then DAPE-X minus X at each length with Welch's, the exact and Holm's
     p, Holm over every length of every pair (one table). No table where the runs keep no per-length figures."""
     import common
@@ -919,8 +920,8 @@ def test_length_tables_give_every_seed_at_every_length_and_each_dape_difference(
     columns = [('alibi', 'none'), ('alibi', 'v1'), ('kerple', 'none'), ('kerple', 'v1')]
     cfg = _cfg(seeds='0,1,2', learning_rate=1e-3)
     table = C.length_tables(cells, ['bucket_sort'], columns, cfg)
-    assert _row(table, '| 41 |')[:3] == ['41', C._mean_std_text([60.0, 20.0, 64.0]), C._mean_std_text([70.0, 75.0, 80.0])]
-    assert _row(table, '| 51 |')[1] == C._mean_std_text([50.0, 22.0, 40.0])  # seed 1 (ID 30%) counts here
+    assert _row(table, '| 41 |')[:3] == ['41', '48.0 [0.0, 100.0]', '75.0 [62.6, 87.4]']
+    assert _row(table, '| 51 |')[1] == '37.3 [2.1, 72.6]'  # seed 1 (ID 30%) counts here
     at = {N: common.compare_means([r[2][N] for r in dape], [r[2][N] for r in base], bounds=(0.0, 100.0)) for N in (41, 51)}
     same = {N: dict(c) for N, c in at.items()}  # Kerple's pair has the same figures
     assert common.holm_over(list(at.values()) + list(same.values())) == 4  # every length of every pair: one table
@@ -928,7 +929,8 @@ def test_length_tables_give_every_seed_at_every_length_and_each_dape_difference(
         assert _row(table, f'| DAPE-ALiBi minus ALiBi | {N} |')[2:] == _cells(at[N])
         assert _row(table, f'| DAPE-Kerple minus Kerple | {N} |')[2:] == _cells(same[N])
     assert 'for the 4 comparisons of this table' in table
-    assert 'mean ± sample std over every seed (0,1,2), whether or not it learned the task' in table
+    assert ('over every seed (0,1,2), whether or not it learned the task: the mean with the 95% t interval of the '
+            'mean (n - 1 degrees of freedom), cut to 0-100' in table)
     plain = {k: _cell(*k, [(r['seed'], r['id_score'], r['score']) for r in c['runs']]) for k, c in cells.items()}
     assert C.length_tables(plain, ['bucket_sort'], columns, cfg) == ''
 
