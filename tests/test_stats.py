@@ -351,6 +351,24 @@ def test_binomial_ci_against_scipy():
     assert common.binomial_ci(4, 12, level=0.9) == pytest.approx((ci.low, ci.high), abs=1e-9)
 
 
+def test_mean_ci_and_its_text_against_scipy():
+    """The mean's 95% t interval (n - 1 degrees of freedom) as scipy computes it, cut to the bounds where
+    given; as a table cell: the mean alone for one value, '-' for none, the mean inside its interval where every
+    value is the same."""
+    stats = pytest.importorskip('scipy.stats')
+    for values in ([80.0, 70.0, 90.0], [60.0, 65.0], [0.5, 0.9, 0.7, 0.2, 0.4], [-1.0, -0.5, -3.0]):
+        a, b = stats.t.interval(0.95, len(values) - 1, loc=np.mean(values), scale=stats.sem(values))
+        assert common.mean_ci(values) == pytest.approx((np.mean(values), a, b), abs=1e-9)
+    m, lo, hi = common.mean_ci([80.0, 70.0, 90.0], bounds=(0.0, 100.0))  # 55.2 to 104.8 before the cut
+    assert (lo, hi) == (pytest.approx(55.15, abs=0.01), 100.0)
+    assert common.mean_ci([-0.1, -0.2, -3.0], bounds=(-math.inf, 0.0))[2] == 0.0
+    assert common.mean_ci([5.0]) is None
+    assert common.mean_ci_text([80.0, 70.0, 90.0], bounds=(0.0, 100.0)) == '80.0 [55.2, 100.0]'
+    assert common.mean_ci_text([1.0, 0.5], bounds=(0, 1), fmt=lambda v: f"{100 * v:.0f}", unit='%') == '75% [0, 100]'
+    assert common.mean_ci_text([42.0]) == '42.0' and common.mean_ci_text([]) == '-'
+    assert common.mean_ci_text([100.0, 100.0, 100.0], bounds=(0.0, 100.0)) == '100.0 [100.0, 100.0]'
+
+
 # -----------------------------------------------------------------------------
 # the test-retest's pieces
 
