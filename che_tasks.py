@@ -664,10 +664,10 @@ def seeds_table(cells, tasks, columns, cfg):
     """The tables over seeds. First a row per (task, encoding, learning rate): how many seeds learned
     the task (ID at least learned_threshold) with the exact binomial interval of that share, ID accuracy
     over every seed and the extrapolation (OOD) scores over the seeds that learned it, as the mean with
-    its 95% t interval (_mean_ci_text), with the per-seed figures (those of seeds that did not learn it in brackets: they say nothing about
-    extrapolation). Then a row per comparison of seed_comparisons: the difference of the means with its 95%
-    t interval cut to the possible range, Welch's two-sided p, the exact p and that p adjusted by Holm's
-    method over every comparison of the table. -> the Markdown tables with their caption."""
+    its 95% t interval (_mean_ci_text), with the per-seed figures (those of seeds that did not learn it in
+    brackets: they say nothing about extrapolation). Then a row per comparison of seed_comparisons: the
+    difference of the means with its 95% t interval cut to the possible range, Welch's two-sided p, the exact
+    p and that p adjusted by Holm's method over every comparison of the table. -> the Markdown tables with their caption."""
     several_rates = len(parse_learning_rates(cfg)) > 1
     rows = seed_rows(cells, tasks, columns, cfg)
     variants = sorted({v for t in tasks for v in TASKS[t].variants})
@@ -738,10 +738,10 @@ def length_comparisons(rows):
 
 def length_tables(cells, tasks, columns, cfg):
     """The extrapolation at every test length, for runs whose records keep their per-length accuracies:
-    per task, a row per length with each encoding's accuracy (the mean over every seed with its 95% interval), then a
-    row per DAPE-X minus X and length (length_comparisons): the difference of the means [95% interval],
-    Welch's p, the exact p and that p adjusted by Holm's method over the table. '' where no run has
-    per-length figures."""
+    per task, a row per length with each encoding's accuracy (the mean over every seed with its 95% t
+    interval), then a row per DAPE-X minus X and length (length_comparisons): the difference of the means
+    [95% interval], Welch's p, the exact p and that p adjusted by Holm's method over the table. '' where no
+    run has per-length figures."""
     rows = [r for r in seed_rows(cells, tasks, columns, cfg) if any(per_length(x) for x in r[4])]
     if not rows:
         return ''

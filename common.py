@@ -607,7 +607,6 @@ def mean_ci_text(values, bounds=None, fmt='{:.1f}', unit=''):
     return f"{f(m)}{unit} [{f(lo)}, {f(hi)}]"
 
 
-
 def beta_quantile(q, a, b):
     """x with I_x(a, b) = q, by bisection on betainc (monotone in x)."""
     lo, hi = 0.0, 1.0
