@@ -667,7 +667,8 @@ def seeds_table(cells, tasks, columns, cfg):
     its 95% t interval (_mean_ci_text), with the per-seed figures (those of seeds that did not learn it in
     brackets: they say nothing about extrapolation). Then a row per comparison of seed_comparisons: the
     difference of the means with its 95% t interval cut to the possible range, Welch's two-sided p, the exact
-    p and that p adjusted by Holm's method over every comparison of the table. -> the Markdown tables with their caption."""
+    p and that p adjusted by Holm's method over every comparison of the table. -> the Markdown tables with
+    their caption."""
     several_rates = len(parse_learning_rates(cfg)) > 1
     rows = seed_rows(cells, tasks, columns, cfg)
     variants = sorted({v for t in tasks for v in TASKS[t].variants})

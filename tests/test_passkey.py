@@ -806,12 +806,14 @@ def test_retest_errors(tmp_path):
     assert EP.main([f'--tables_from={path_a}', f'--rounding_from={_retest_file(tmp_path / "c.json", runs, "DEFAULT")}'])
 
 
-def test_the_test_retest_settings_differ_from_passkey_cpu_in_what_they_state():
+def test_the_test_retest_settings_differ_from_passkey_cpu_in_what_they_state(tmp_path, monkeypatch):
     """config/passkey_cpu_small.py (half the width) and config/passkey_cpu_2layer.py (2 layers) read
     config/passkey_cpu.py: each resolves to its every key but the ones its name and docs/passkey_results.md
     state, from any working directory."""
     from configurator import configure
+    monkeypatch.chdir(tmp_path)  # each reads passkey_cpu.py beside itself, not from the working directory
     base = configure(train.DEFAULTS, [os.path.join(ROOT, 'config', 'passkey_cpu.py')])
-    for name, changed in [('passkey_cpu_small.py', {'n_head': 8, 'n_embd': 64}), ('passkey_cpu_2layer.py', {'n_layer': 2})]:
+    for name, changed in [('passkey_cpu_small.py', {'n_head': 8, 'n_embd': 64}),
+                          ('passkey_cpu_2layer.py', {'n_layer': 2})]:
         cfg = configure(train.DEFAULTS, [os.path.join(ROOT, 'config', name)])
         assert {k: v for k, v in cfg.items() if base[k] != v} == changed, name
