@@ -84,7 +84,6 @@ import time
 import types
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 import dape_torch

@@ -97,7 +97,6 @@ import math
 import numbers
 
 import torch
-import torch.nn.functional as F
 
 try:
     import triton

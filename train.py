@@ -308,7 +308,7 @@ def checkpoint_to_resume(cfg, config, ckpt_path, ddp, master):
     return ckpt, small
 
 
-def peak_flops(cfg, device, dtype):
+def peak_flops_of(cfg, device, dtype):
     """The accelerator's peak FLOP/s for MFU, or None on a CPU."""
     if not device.startswith('cuda'):
         return cfg.peak_flops or None
@@ -502,7 +502,7 @@ def train(config=None, command='unknown (train.train called in a process of its 
         except ImportError:
             print("wandb_log=True but wandb is not installed (pip install wandb): not logging to wandb")
             cfg.wandb_log = False
-    peak = peak_flops(cfg, device, ptdtype)
+    peak = peak_flops_of(cfg, device, ptdtype)
 
     # -- training loop --------------------------------------------------------------------------------
     batch_state[0] = data_gen.get_state()

@@ -277,7 +277,6 @@ def test_interrupted_prepare_leaves_nothing_trusted(tmp_path, monkeypatch, capsy
 def test_failed_reprepare_keeps_the_good_dataset(tmp_path):
     # the reviewer's case: a good dataset, then prepare.py --src <one .txt> into the same folder fails
     # (one book cannot be split into train and val) and must leave the good dataset loadable
-    import train
     make_books(str(tmp_path / 'src'))
     out = tmp_path / 'out'
     mod = load_script('gutenberg_char')

@@ -1,6 +1,5 @@
 """The core: every encoding x DAPE in model.py, against independent references and its own invariants."""
 
-import math
 import shutil
 
 import pytest
