@@ -46,7 +46,9 @@ over every seed (`comparisons`).
 
 The last: the same runs trained under two roundings of one machine (ATen's vector kernels, and
 ATEN_CPU_CAPABILITY=default), each file saved by --save_runs: their test-retest (retest_tables), whether a
-run learns retrieval and whether a comparison's conclusion survives a change of rounding alone.
+run learns retrieval and whether a comparison's conclusion survives a change of rounding alone. With
+--figure=PATH.png either also draws the tables over seeds as curves against length (plot_groups), a column
+per file.
 """
 
 import dataclasses
@@ -61,7 +63,7 @@ import numpy as np
 
 from common import (ALPHA, InputError, auto_labels, autocast, checkpoints_and_config, compare_means, difference_text,
                     find_checkpoints, format_table, group_over_seeds, holds_at, holm_over, interval_text, jsonable,
-                    k_of_n_text, kernels_of, load_run, load_val, mean_ci_text, p_text, parse_list, pearson,
+                    k_of_n_text, kernels_of, load_run, load_val, mean_ci, mean_ci_text, p_text, parse_list, pearson,
                     pick_device, pick_dtype, resolve_data_dir, rope_scaling_options, tests_caption, trained_by,
                     training_setting, verdict_counts)
 from configurator import ConfigError
@@ -93,6 +95,7 @@ plot = True
 tables_from = ''         # a passkey.json: print its tables over seeds (Markdown, as the results pages show them)
 rounding_from = ''       # with tables_from: the same runs trained under another rounding (a results file):
                          # print the test-retest tables of the two instead
+figure = ''              # with tables_from: also draw its tables over seeds (and rounding_from's beside) to this PNG
 save_runs = ''           # a results file (docs/results/passkey_cpu.json): add these runs' figures to it
 config_keys = [k for k in globals() if k not in _names_before_config and not k.startswith('_')]
 # learned_exact's default, the rule for 'learned' of every results page, and the day it was set (git log -S
@@ -245,6 +248,61 @@ def plot_heatmap(row, lens, path):
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_groups(panels, lens, path):
+    """The tables over seeds as curves against length: a column per results file (panels: [(title, group_rows'
+    groups)]), a row per measure of MEASURES; per model the mean over its seeds with the 95% t interval of that mean
+    as a band (group_table's figures: common.mean_ci cut to BOUNDS; the mean alone for one seed), the legend saying
+    how many seeds learned. A model keeps its colour in every panel, so that two roundings read side by side.
+    -> {(title, label, metric): [(L, mean, lo, hi)]}: what was drawn (percent for exact match)."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    labels = list(dict.fromkeys(g['label'] for _, groups in panels for g in groups))
+    fig, axes = plt.subplots(len(MEASURES), len(panels), figsize=(5.5 * len(panels) + 1, 8), sharex=True,
+                             sharey='row', squeeze=False)
+    drawn = {}
+    for j, (title, groups) in enumerate(panels):
+        for i, (metric, name) in enumerate(MEASURES.items()):
+            ax, scale = axes[i][j], 100 if metric == 'accuracy' else 1
+            for g in groups:
+                points = []
+                for L in lens:
+                    c = g['per_length'][L]
+                    if isinstance(c, str) or metric not in c:
+                        continue
+                    values = c[metric]['values']
+                    m, lo, hi = mean_ci(values, bounds=BOUNDS[metric]) or (float(np.mean(values)),) * 3
+                    points.append((L, scale * m, scale * lo, scale * hi))
+                drawn[(title, g['label'], metric)] = points
+                if not points:
+                    continue
+                x, m, lo, hi = map(list, zip(*points))
+                color = f"C{labels.index(g['label']) % 10}"
+                learned = '' if g['learned'] is None else f", {g['learned']} learned"
+                ax.plot(x, m, marker='o', ms=3, lw=1.3, color=color, label=f"{g['label']} ({g['n']} seeds{learned})")
+                ax.fill_between(x, lo, hi, color=color, alpha=0.15, lw=0)
+            if metric == 'logp_mean':
+                ax.axhline(chance_logp_per_digit(), color='gray', ls='--', lw=1, label='chance (a digit, not which)')
+            ax.set_xscale('log', base=2)
+            block = groups[0]['block_size'] if groups else lens[0]
+            ax.set_xticks(lens, [f"{L}\n{L / block:g}x" for L in lens], fontsize=8)
+            ax.minorticks_off()
+            ax.set_title(f"{title}: {name}", fontsize=9)
+            ax.legend(fontsize=7)
+            if j == 0:
+                ax.set_ylabel('exact match (%)' if metric == 'accuracy' else 'nats per answer token')
+            if i == len(MEASURES) - 1:
+                ax.set_xlabel('prompt length (tokens, multiple of the training length)')
+    axes[0][0].set_ylim(-2, 102)
+    fig.suptitle("passkey retrieval over seeds: the mean over depths and seeds, per length, with the 95% t interval "
+                 "of the mean (band)", fontsize=10)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return drawn
 
 
 def file_name(label):
@@ -510,15 +568,19 @@ def seed_tables(protocol, rows, lens, markdown=True):
     return '\n'.join(text)
 
 
-def tables_from_file(path):
-    """seed_tables of a passkey.json (as this script writes it, or the runs' figures alone: protocol
-    with lengths and learned_exact, and rows with label, setting, seed, block_size and per-length
-    accuracy), for a results page; nothing is evaluated."""
+def read_results(path):
+    """A passkey.json (as this script writes it, or the runs' figures alone: protocol with lengths and
+    learned_exact, and rows with label, setting, seed, block_size and per-length accuracy) -> (protocol, rows)."""
     with open(path) as f:
         saved = json.load(f)
-    lens = saved['protocol']['lengths']
-    rows = [dict(r, per_length={int(L): c for L, c in r['per_length'].items()}) for r in saved['rows']]
-    return seed_tables(saved['protocol'], rows, lens)
+    return saved['protocol'], [dict(r, per_length={int(L): c for L, c in r['per_length'].items()})
+                               for r in saved['rows']]
+
+
+def tables_from_file(path):
+    """seed_tables of a results file (read_results), for a results page; nothing is evaluated."""
+    protocol, rows = read_results(path)
+    return seed_tables(protocol, rows, protocol['lengths'])
 
 
 SAME_PROTOCOL = ('lengths', 'depths', 'trials', 'filler', 'seed', 'digits')  # what makes two runs' figures comparable
@@ -677,16 +739,23 @@ def retest_tables(protocol, rows_a, rows_b, lens):
     return '\n\n'.join(text + [caption])
 
 
+def figure_from_files(paths, out):
+    """plot_groups of results files (read_results; the lengths of the first), a column each, titled by its file and
+    the kernels its runs were trained with."""
+    panels = []
+    for path in paths:
+        protocol, rows = read_results(path)
+        kernels = kernels_of(r.get('machine') for r in rows)
+        panels.append((os.path.basename(path) + ('' if kernels == 'unknown' else f" ({kernels} kernels)"),
+                       group_rows(rows, protocol['lengths'], protocol['learned_exact'])))
+    return plot_groups(panels, read_results(paths[0])[0]['lengths'], out)
+
+
 def retest_tables_from_files(path_a, path_b):
     """retest_tables of two results files (as tables_from_file reads them) that hold the same runs trained under two
     roundings; files evaluated with another protocol (SAME_PROTOCOL) are an error: their figures differ for
     reasons other than the rounding."""
-    def read(path):
-        with open(path) as f:
-            saved = json.load(f)
-        return saved['protocol'], [dict(r, per_length={int(L): c for L, c in r['per_length'].items()})
-                                   for r in saved['rows']]
-    (pa, rows_a), (pb, rows_b) = read(path_a), read(path_b)
+    (pa, rows_a), (pb, rows_b) = read_results(path_a), read_results(path_b)
     differ = [k for k in SAME_PROTOCOL if pa.get(k) != pb.get(k)]
     if differ:
         raise InputError("--rounding_from: the two files were evaluated differently, "
@@ -743,9 +812,11 @@ def write_outputs(cfg, protocol, rows, lens, groups=(), comparisons=()):
 def main(argv=None):
     paths, cfg = checkpoints_and_config(sys.argv[1:] if argv is None else list(argv),
                                         {k: globals()[k] for k in config_keys}, __doc__)
-    if cfg['rounding_from'] and not cfg['tables_from']:
-        raise InputError(f"--rounding_from={cfg['rounding_from']} compares two results files: name the first with "
-                         f"--tables_from (e.g. --tables_from=docs/results/passkey_cpu.json --rounding_from=...)")
+    for key, what in (('rounding_from', 'compares two results files: name the first'),
+                      ('figure', 'draws a results file: name it')):
+        if cfg[key] and not cfg['tables_from']:
+            raise InputError(f"--{key}={cfg[key]} {what} with --tables_from (e.g. "
+                             f"--tables_from=docs/results/passkey_cpu.json --{key}=...)")
     if cfg['tables_from']:
         for key in ('tables_from', 'rounding_from'):
             if cfg[key] and not os.path.isfile(cfg[key]):
@@ -753,6 +824,9 @@ def main(argv=None):
         table = (retest_tables_from_files(cfg['tables_from'], cfg['rounding_from']) if cfg['rounding_from']
                  else tables_from_file(cfg['tables_from']))
         print(table)
+        if cfg['figure']:
+            figure_from_files([p for p in (cfg['tables_from'], cfg['rounding_from']) if p], cfg['figure'])
+            print(f"wrote {cfg['figure']}")
         return table
     return evaluate(cfg, paths)
 

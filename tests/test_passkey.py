@@ -779,6 +779,43 @@ def test_retest_pairs_the_same_runs_under_two_roundings(tmp_path):
     assert "seeds 1,2,3,4,5" in lines[-1] and "ATen's AVX512 kernels and its DEFAULT kernels" in lines[-1]
 
 
+def test_figure_draws_the_tables_over_seeds_a_column_per_rounding(tmp_path):
+    """--figure with --tables_from (and --rounding_from) draws each file's tables over seeds: per model and length the
+    mean over seeds with its 95% t interval cut to the possible range, as scipy computes it, the mean alone for one
+    seed; a column per file, titled by its file and kernels. --figure alone is refused."""
+    stats = pytest.importorskip("scipy.stats")
+    a = {('kerple', 1): [1.0, 0.4, 0.1], ('kerple', 2): [1.0, 0.9, 0.3], ('kerple', 3): [0.9, 0.8, 0.0],
+         ('rope', 1): [1.0, 0.1, 0.0]}
+    b = {('kerple', 1): [1.0, 0.2, 0.3], ('kerple', 2): [0.4, 0.2, 0.0], ('kerple', 3): [1.0, 1.0, 0.9]}
+    path_a = _retest_file(tmp_path / 'a.json', a, 'AVX512')
+    path_b = _retest_file(tmp_path / 'b.json', b, 'DEFAULT', suffix='_default')
+    out = tmp_path / 'fig' / 'retest.png'
+    assert EP.main([f'--tables_from={path_a}', f'--rounding_from={path_b}', f'--figure={out}'])
+    assert out.stat().st_size > 10_000
+    drawn = EP.figure_from_files([path_a, path_b], str(tmp_path / 'again.png'))
+    lens = RETEST_PROTOCOL['lengths']
+    want = {}
+    for title, runs, suffix in (('a.json (AVX512 kernels)', a, ''), ('b.json (DEFAULT kernels)', b, '_default')):
+        for setting in dict.fromkeys(s for s, _ in runs):
+            seeds = [s for m, s in runs if m == setting]
+            for metric, scale, lo, hi in (('accuracy', 100, 0, 100), ('logp_mean', 1, -math.inf, 0)):
+                points = []
+                for i, L in enumerate(lens):
+                    acc = [runs[(setting, s)][i] for s in seeds]
+                    v = acc if metric == 'accuracy' else [-2.3 * (1 - x) - 0.01 * s * (1 + len(suffix))
+                                                         for x, s in zip(acc, seeds)]
+                    m = float(np.mean(v))
+                    ci = (stats.t.interval(0.95, len(v) - 1, loc=m, scale=stats.sem(v)) if len(v) > 1 else (m, m))
+                    points.append((L, scale * m, scale * max(ci[0], lo / scale), scale * min(ci[1], hi / scale)))
+                want[(title, setting, metric)] = points
+    assert drawn.keys() == want.keys()
+    for k in want:
+        np.testing.assert_allclose(np.array(drawn[k]), np.array(want[k]), rtol=1e-9, atol=1e-9, err_msg=str(k))
+    assert drawn[('a.json (AVX512 kernels)', 'kerple', 'accuracy')][0][3] == 100  # cut to the possible range
+    with pytest.raises(InputError, match=r'--figure=.*x\.png draws a results file: name it with --tables_from'):
+        EP.main([f'--figure={tmp_path}/x.png'])
+
+
 def test_retest_errors(tmp_path):
     """--rounding_from needs --tables_from, and a file; two files evaluated differently (SAME_PROTOCOL), or a run
     twice in one file, are refused, the error naming what differs. Each error is one line."""
