@@ -286,15 +286,15 @@ def plot_groups(panels, lens, path):
             if metric == 'logp_mean':
                 ax.axhline(chance_logp_per_digit(), color='gray', ls='--', lw=1, label='chance (a digit, not which)')
             ax.set_xscale('log', base=2)
-            block = groups[0]['block_size'] if groups else lens[0]
-            ax.set_xticks(lens, [f"{L}\n{L / block:g}x" for L in lens], fontsize=8)
+            blocks = {g['block_size'] for g in groups}  # the multiples only where every model has one length
+            ax.set_xticks(lens, [f"{L}\n{L / min(blocks):g}x" if len(blocks) == 1 else str(L) for L in lens], fontsize=8)
             ax.minorticks_off()
             ax.set_title(f"{title}: {name}", fontsize=9)
             ax.legend(fontsize=7)
             if j == 0:
                 ax.set_ylabel('exact match (%)' if metric == 'accuracy' else 'nats per answer token')
             if i == len(MEASURES) - 1:
-                ax.set_xlabel('prompt length (tokens, multiple of the training length)')
+                ax.set_xlabel('prompt length (tokens' + (', multiple of the training length)' if len(blocks) == 1 else ')'))
     axes[0][0].set_ylim(-2, 102)
     fig.suptitle("passkey retrieval over seeds: the mean over depths and seeds, per length, with the 95% t interval "
                  "of the mean (band)", fontsize=10)
