@@ -253,8 +253,8 @@ def plot_heatmap(row, lens, path):
 def plot_groups(panels, lens, path):
     """The tables over seeds as curves against length: a column per results file (panels: [(title, group_rows'
     groups)]), a row per measure of MEASURES; per model the mean over its seeds with the 95% t interval of that mean
-    as a band (group_table's figures: common.mean_ci cut to BOUNDS; the mean alone for one seed), the legend saying
-    how many seeds learned. A model keeps its colour in every panel, so that two roundings read side by side.
+    as a band (group_table's figures: common.mean_ci cut to BOUNDS; the mean alone for one seed) and each seed's figure
+    as a dot, the legend saying how many seeds learned. A model keeps its colour in every panel, so that two roundings read side by side.
     -> {(title, label, metric): [(L, mean, lo, hi)]}: what was drawn (percent for exact match)."""
     import matplotlib
     matplotlib.use('Agg')
@@ -266,8 +266,8 @@ def plot_groups(panels, lens, path):
     for j, (title, groups) in enumerate(panels):
         for i, (metric, name) in enumerate(MEASURES.items()):
             ax, scale = axes[i][j], 100 if metric == 'accuracy' else 1
-            for g in groups:
-                points = []
+            for k, g in enumerate(groups):
+                points, seeds = [], []
                 for L in lens:
                     c = g['per_length'][L]
                     if isinstance(c, str) or metric not in c:
@@ -275,6 +275,7 @@ def plot_groups(panels, lens, path):
                     values = c[metric]['values']
                     m, lo, hi = mean_ci(values, bounds=BOUNDS[metric]) or (float(np.mean(values)),) * 3
                     points.append((L, scale * m, scale * lo, scale * hi))
+                    seeds += [(L, scale * v) for v in values]
                 drawn[(title, g['label'], metric)] = points
                 if not points:
                     continue
@@ -282,7 +283,11 @@ def plot_groups(panels, lens, path):
                 color = f"C{labels.index(g['label']) % 10}"
                 learned = '' if g['learned'] is None else f", {g['learned']} learned"
                 ax.plot(x, m, marker='o', ms=3, lw=1.3, color=color, label=f"{g['label']} ({g['n']} seeds{learned})")
-                ax.fill_between(x, lo, hi, color=color, alpha=0.15, lw=0)
+                ax.fill_between(x, lo, hi, color=color, alpha=0.1, lw=0)
+                # every seed's figure, each model's a little apart along the length, so that the distribution
+                # (at this scale often two clusters, learned and not) shows beside its mean
+                shift = 2 ** (0.05 * (k - (len(groups) - 1) / 2))
+                ax.scatter([L * shift for L, _ in seeds], [v for _, v in seeds], s=12, color=color, alpha=0.6, lw=0)
             if metric == 'logp_mean':
                 ax.axhline(chance_logp_per_digit(), color='gray', ls='--', lw=1, label='chance (a digit, not which)')
             ax.set_xscale('log', base=2)
@@ -296,8 +301,8 @@ def plot_groups(panels, lens, path):
             if i == len(MEASURES) - 1:
                 ax.set_xlabel('prompt length (tokens' + (', multiple of the training length)' if len(blocks) == 1 else ')'))
     axes[0][0].set_ylim(-2, 102)
-    fig.suptitle("passkey retrieval over seeds: the mean over depths and seeds, per length, with the 95% t interval "
-                 "of the mean (band)", fontsize=10)
+    fig.suptitle("passkey retrieval over seeds, per length: each seed's mean over depths (dots), their mean (line) "
+                 "and its 95% t interval (band)", fontsize=10)
     fig.tight_layout()
     os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
     fig.savefig(path, dpi=110)
