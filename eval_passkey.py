@@ -47,8 +47,8 @@ over every seed (`comparisons`).
 The last: the same runs trained under two roundings of one machine (ATen's vector kernels, and
 ATEN_CPU_CAPABILITY=default), each file saved by --save_runs: their test-retest (retest_tables), whether a
 run learns retrieval and whether a comparison's conclusion survives a change of rounding alone. With
---figure=PATH.png either also draws the tables over seeds as curves against length (plot_groups), a column
-per file.
+--tables_from, --figure=PATH.png also draws the tables over seeds against length (plot_groups), a column
+per file (rounding_from's beside).
 """
 
 import dataclasses
@@ -253,8 +253,9 @@ def plot_heatmap(row, lens, path):
 def plot_groups(panels, lens, path):
     """The tables over seeds as curves against length: a column per results file (panels: [(title, group_rows'
     groups)]), a row per measure of MEASURES; per model the mean over its seeds with the 95% t interval of that mean
-    as a band (group_table's figures: common.mean_ci cut to BOUNDS; the mean alone for one seed) and each seed's figure
-    as a dot, the legend saying how many seeds learned. A model keeps its colour in every panel, so that two roundings read side by side.
+    as a band (group_table's figures: common.mean_ci cut to BOUNDS; the mean alone for one seed) and each seed's
+    figure as a dot, the legend saying how many seeds learned. A model keeps its colour in every panel, so that two
+    roundings read side by side.
     -> {(title, label, metric): [(L, mean, lo, hi)]}: what was drawn (percent for exact match)."""
     import matplotlib
     matplotlib.use('Agg')
