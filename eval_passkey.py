@@ -748,13 +748,14 @@ def retest_tables(protocol, rows_a, rows_b, lens):
 def figure_from_files(paths, out):
     """plot_groups of results files (read_results; the lengths of the first), a column each, titled by its file and
     the kernels its runs were trained with."""
-    panels = []
+    panels, lens = [], None
     for path in paths:
         protocol, rows = read_results(path)
+        lens = lens or protocol['lengths']
         kernels = kernels_of(r.get('machine') for r in rows)
         panels.append((os.path.basename(path) + ('' if kernels == 'unknown' else f" ({kernels} kernels)"),
                        group_rows(rows, protocol['lengths'], protocol['learned_exact'])))
-    return plot_groups(panels, read_results(paths[0])[0]['lengths'], out)
+    return plot_groups(panels, lens, out)
 
 
 def retest_tables_from_files(path_a, path_b):

@@ -699,11 +699,12 @@ def _cells(c):
 
 
 def test_seeds_table_counts_learned_seeds_and_pairs_dape_with_its_baseline():
-    """Per (task, encoding): seeds that reached the learned threshold on ID (not OOD), ID's mean with its 95%
-    t interval over every seed (cut to 0-100; the figures are scipy's), OOD over the seeds that learned (the
-    others' figures in brackets), the per-seed figures in seed order; then DAPE-X against X: the difference of the means with its 95% t interval cut to the possible range
-    (accuracy is bounded), Welch's p, the exact p and its Holm adjustment over the table's comparisons, over the
-    learned seeds and, apart, over every seed; the caption states the rule for learned with its date."""
+    """Per (task, encoding): seeds that reached the learned threshold on ID (not OOD), ID's mean with its 95% t interval
+    over every seed (cut to 0-100; the figures are scipy's), OOD over the seeds that learned (the others' figures in
+    brackets), the per-seed figures in seed order; then DAPE-X against X: the difference of the means with its 95% t
+    interval cut to the possible range (accuracy is bounded), Welch's p, the exact p and its Holm adjustment over
+    the table's comparisons, over the learned seeds and, apart, over every seed; the caption states the rule for
+    learned with its date."""
     import common
     cells = {('reverse_string', 'alibi', 'none'): _cell('reverse_string', 'alibi', 'none',
                                                          [(2, 90.0, 65.0), (0, 80.0, 60.0), (1, 70.0, 55.0)]),
@@ -908,9 +909,10 @@ def _runs_with_lengths(task, pos, dape, figures, machine='cpu, AVX512 kernels, t
 
 
 def test_length_tables_give_every_seed_at_every_length_and_each_dape_difference():
-    """Per test length: each encoding's mean with its 95% t interval over every seed (cut to 0-100; the figures
-    are scipy's), the seed that did not learn the task included (no threshold decides these); then DAPE-X minus X at each length with Welch's, the exact and Holm's
-    p, Holm over every length of every pair (one table). No table where the runs keep no per-length figures."""
+    """Per test length: each encoding's mean with its 95% t interval over every seed (cut to 0-100; the figures are
+    scipy's), the seed that did not learn the task included (no threshold decides these); then DAPE-X minus X at
+    each length with Welch's, the exact and Holm's p, Holm over every length of every pair (one table). No table
+    where the runs keep no per-length figures."""
     import common
     base = [(0, 90.0, {41: 60.0, 51: 50.0}), (1, 30.0, {41: 20.0, 51: 22.0}), (2, 80.0, {41: 64.0, 51: 40.0})]
     dape = [(0, 95.0, {41: 70.0, 51: 61.0}), (1, 91.0, {41: 75.0, 51: 58.0}), (2, 99.0, {41: 80.0, 51: 65.0})]
