@@ -209,9 +209,12 @@ def group_table(groups, lens, metric, markdown=False):
             return 'n/a: not kept'
         return mean_ci_text(c[metric]['values'], BOUNDS[metric], lambda v: fmt.format(scale * v), unit)
     header = ['model', 'seeds', 'learned [95% interval]'] + [str(L) for L in lens]
-    out = [[g['label'], ','.join(str(s) for s in g['seeds']),
-            'n/a' if g['learned'] is None else k_of_n_text(g['learned'], g['n'])] + [cell(g['per_length'][L]) for L in lens]
-           for g in groups]
+    out = []
+    for g in groups:
+        m = g['measures'][metric]  # the seeds that have this measure: those its means are over
+        out.append([g['label'], ','.join(str(s) for s in m['seeds']) or 'none',
+                    'n/a' if m['learned'] is None or not m['n'] else k_of_n_text(m['learned'], m['n'])]
+                   + [cell(g['per_length'][L]) for L in lens])
     return format_table(header, out, markdown)
 
 
@@ -282,8 +285,9 @@ def plot_groups(panels, lens, path):
                     continue
                 x, m, lo, hi = map(list, zip(*points))
                 color = f"C{labels.index(g['label']) % 10}"
-                learned = '' if g['learned'] is None else f", {g['learned']} learned"
-                ax.plot(x, m, marker='o', ms=3, lw=1.3, color=color, label=f"{g['label']} ({g['n']} seeds{learned})")
+                kept = g['measures'][metric]
+                learned = '' if kept['learned'] is None else f", {kept['learned']} learned"
+                ax.plot(x, m, marker='o', ms=3, lw=1.3, color=color, label=f"{g['label']} ({kept['n']} seeds{learned})")
                 ax.fill_between(x, lo, hi, color=color, alpha=0.1, lw=0)
                 # every seed's figure, each model's a little apart along the length, so that the distribution
                 # (at this scale often two clusters, learned and not) shows beside its mean
@@ -435,8 +439,11 @@ def learned_at_training_length(row, learned_exact):
 def group_rows(rows, lens, learned_exact):
     """Rows that differ only by their seed (the same 'setting') form a group (common.group_over_seeds):
     per length, the mean and sample std over its seeds of the exact match and the log-likelihood per
-    token (each seed's figure the mean over depths), and `learned`, how many seeds reach an exact match
-    of learned_exact at their training length (None where that length was not evaluated)."""
+    token (each seed's figure the mean over depths), with `kept`, the members (indices) whose figures they are,
+    and `learned`, how many seeds reach an exact match of learned_exact at their training length (None where
+    that length was not evaluated). A results file may lack a measure for some runs (the log-likelihood of runs
+    evaluated before it was kept): `measures` says, per measure, which seeds have it at some length and how many
+    of those learned, the seeds a table of that measure is over."""
     def value(metric):
         def of(row, L):
             c = row['per_length'][L]
@@ -457,10 +464,19 @@ def group_rows(rows, lens, learned_exact):
             g['per_length'][L] = {'n': stats['accuracy']['n']}
             for metric, st in stats.items():
                 if st['status'] == 'ok':
-                    g['per_length'][L][metric] = {'mean': st['mean'], 'std': st['std'], 'values': st['values']}
+                    kept = [j for j, m in enumerate(members) if not isinstance(value(metric)(m, L), str)]
+                    g['per_length'][L][metric] = {'mean': st['mean'], 'std': st['std'], 'values': st['values'],
+                                                  'kept': kept}
         flags = [learned_at_training_length(m, learned_exact) for m in members]
         g['learned_seeds'] = flags
         g['learned'] = None if any(f is None for f in flags) else sum(flags)
+        g['measures'] = {}
+        for metric in by_metric:
+            kept = sorted({j for c in g['per_length'].values() if isinstance(c, dict) and metric in c
+                           for j in c[metric]['kept']})
+            g['measures'][metric] = {'seeds': [g['seeds'][j] for j in kept], 'n': len(kept),
+                                     'learned': None if any(flags[j] is None for j in kept) else
+                                     sum(flags[j] for j in kept)}
         groups.append(g)
     return groups
 
@@ -484,11 +500,13 @@ def compare_groups(groups, lens, metric='accuracy'):
     (cut to the possible range for exact match, which lies in [0, 1]), Welch's p and the exact p
     (common.compare_means), over the seeds that learned retrieval at the training length and, apart, over every
     seed; and the exact p adjusted by Holm's method over all of them, the comparisons of one table (one per
-    measure). -> [{label, baseline, metric, learned, learned_seeds: {L: comparison}, all_seeds: {L: comparison}}]."""
+    measure). Over the seeds that have the measure (group_rows' `measures`): `learned` counts those.
+    -> [{label, baseline, metric, learned, learned_seeds: {L: comparison}, all_seeds: {L: comparison}}]."""
     out = []
     for a, b in comparison_pairs(groups):
+        ma, mb = a['measures'][metric], b['measures'][metric]
         c = {'label': a['label'], 'baseline': b['label'], 'metric': metric,
-             'learned': [a['learned'], a['n'], b['learned'], b['n']], 'learned_seeds': {}, 'all_seeds': {}}
+             'learned': [ma['learned'], ma['n'], mb['learned'], mb['n']], 'learned_seeds': {}, 'all_seeds': {}}
         for L in lens:
             ca, cb = a['per_length'][L], b['per_length'][L]
             if isinstance(ca, str) or isinstance(cb, str) or ca['n'] < a['n'] or cb['n'] < b['n']:
@@ -498,10 +516,10 @@ def compare_groups(groups, lens, metric='accuracy'):
                 c['learned_seeds'][L] = c['all_seeds'][L] = {'status': 'n/a: not kept'}
                 continue
             va, vb = ca[metric]['values'], cb[metric]['values']
+            # a value is a member's (kept), so that 'learned' is that seed's, not the one at its position
+            learned = lambda g, c: [v for v, j in zip(c[metric]['values'], c[metric]['kept']) if g['learned_seeds'][j]]
             c['all_seeds'][L] = compare_means(va, vb, bounds=DIFFERENCE_BOUNDS[metric])
-            c['learned_seeds'][L] = compare_means([v for v, f in zip(va, a['learned_seeds']) if f],
-                                                  [v for v, f in zip(vb, b['learned_seeds']) if f],
-                                                  bounds=DIFFERENCE_BOUNDS[metric])
+            c['learned_seeds'][L] = compare_means(learned(a, ca), learned(b, cb), bounds=DIFFERENCE_BOUNDS[metric])
         out.append(c)
     holm_over(table_tests(out, lens))
     return out
@@ -559,11 +577,12 @@ def seed_tables(protocol, rows, lens, markdown=True):
     and the log-likelihood per answer token (the mean with its interval, learned), DAPE-X against X in each, and
     every run's exact match."""
     groups = group_rows(rows, lens, protocol['learned_exact'])
-    seed_sets = {tuple(g['seeds']) for g in groups}  # the header names one set only where every model has it
-    over = (f"seeds {','.join(map(str, next(iter(seed_sets))))}" if len(seed_sets) == 1
-            else "each model's seeds (its seeds column)")
     text = []
     for metric in MEASURES:
+        # the caption names one set of seeds only where every model has it for this measure
+        seed_sets = {tuple(g['measures'][metric]['seeds']) for g in groups}
+        over = (f"seeds {','.join(map(str, next(iter(seed_sets))))}" if len(seed_sets) == 1
+                else "each model's seeds with this measure (its seeds column)")
         learned = f"; {learned_text(protocol['learned_exact'])}" if metric == 'accuracy' else ''
         text += [f"{group_text(metric, over)}{learned}.", '', group_table(groups, lens, metric, markdown), '']
     for metric in MEASURES:

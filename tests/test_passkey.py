@@ -544,6 +544,41 @@ def test_dape_against_its_baseline_over_learned_and_all_seeds():
     assert 'for the 4 comparisons of this table' in caption and '0.2 with 2 and 3 seeds, 0.1 with 3 and 3 seeds' in caption
 
 
+def test_a_measure_some_runs_lack_is_over_the_seeds_that_have_it():
+    """A results file may lack the log-likelihood of some runs (those evaluated before it was kept): its table
+    names the seeds it is over and counts learned among them, and its comparison over the learned seeds takes
+    each seed's own value, not the value at that seed's position among every seed."""
+    import common
+    lens = [128, 256]
+
+    def row(label, setting, seed, accs, lps=None):
+        r = _row(label, setting, seed, accs)
+        for L, lp in zip(lens, lps or ()):
+            r['per_length'][L]['logp_mean'] = lp
+        return r
+    # dape-kerple's seed 1 learned but has no log-likelihood; seed 2 did not learn, seeds 3 and 4 did
+    rows = [row('d_s1', 'dape-kerple', 1, [1.0, 0.9]), row('d_s2', 'dape-kerple', 2, [0.0, 0.0], [-2.2, -2.4]),
+            row('d_s3', 'dape-kerple', 3, [1.0, 0.7], [-0.02, -0.5]), row('d_s4', 'dape-kerple', 4, [1.0, 0.8], [-0.01, -0.3]),
+            row('k_s1', 'kerple', 1, [1.0, 0.2], [-0.01, -1.9]), row('k_s2', 'kerple', 2, [0.9, 0.4], [-0.05, -1.1]),
+            row('k_s3', 'kerple', 3, [0.8, 0.1], [-0.3, -2.0])]
+    groups = EP.group_rows(rows, lens, 0.5)
+    assert groups[0]['measures']['logp_mean'] == {'seeds': [2, 3, 4], 'n': 3, 'learned': 2}
+    assert groups[0]['measures']['accuracy'] == {'seeds': [1, 2, 3, 4], 'n': 4, 'learned': 3}
+    c, = EP.compare_groups(groups, lens, 'logp_mean')
+    without_holm = lambda x: {k: v for k, v in x.items() if k != 'p_holm'}
+    assert without_holm(c['learned_seeds'][256]) == common.compare_means([-0.5, -0.3], [-1.9, -1.1, -2.0])
+    assert without_holm(c['all_seeds'][256]) == common.compare_means([-2.4, -0.5, -0.3], [-1.9, -1.1, -2.0])
+    assert c['learned'] == [2, 3, 3, 3]
+    line = next(x for x in EP.comparison_table([c], lens, markdown=True).splitlines()
+                if x.startswith('| dape-kerple - kerple | learned |'))
+    assert '| 2 of 3 vs 3 of 3 |' in line
+    text = EP.seed_tables({'lengths': lens, 'learned_exact': 0.5}, rows, lens)
+    exact, loglik = text.split('Log-likelihood per answer token')[:2]
+    assert '| dape-kerple | 1,2,3,4 | 3 of 4 ' in exact and 'the mean over each model' in exact
+    assert '| dape-kerple | 2,3,4 | 2 of 3 ' in loglik and '| kerple | 1,2,3 | 3 of 3 ' in loglik
+    assert "the mean over each model's seeds with this measure" in loglik
+
+
 def test_dape_against_its_baseline_in_log_likelihood_too():
     """The continuous measure has its own comparison table: DAPE-X minus X in log-likelihood per answer token, an
     interval that is not cut (a difference of log-likelihoods has no finite bound), Welch's and the exact p, and
@@ -604,7 +639,7 @@ def test_tables_from_a_results_file(tmp_path):
                                              "with the exact (Clopper-Pearson) 95% interval of the share of seeds")
     # models over different seeds: the header must not claim one set for all of them
     text = tables(rows + [_row('r_s3', 'rope', 3, [1.0, 0.0])])
-    assert "the mean over each model's seeds (its seeds column) with" in text and 'seeds 1,2,3' not in text
+    assert "the mean over each model's seeds with this measure (its seeds column) with" in text and 'seeds 1,2,3' not in text
 
 
 def test_save_runs_adds_an_evaluation_to_a_results_file(tmp_path, monkeypatch):
