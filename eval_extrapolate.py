@@ -355,6 +355,7 @@ def group_runs(runs, eval_lengths):
         out.append({'label': gp['label'], 'runs': [m['path'] for m in members], 'n': len(members),
                     'seeds': [m['seed'] for m in members], 'model_args': members[0]['model_args'],
                     'training': members[0].get('training'), 'data_dir': members[0]['data_dir'],
+                    'rope_scaling': members[0].get('rope_scaling', 'none'),  # part of the setting (setting_of)
                     'block_size': members[0]['model_args']['block_size'], 'ppl': gp['stats'], 'bpb': gb['stats']})
     return out
 
@@ -411,8 +412,18 @@ def comparison_pairs(groups, explicit=()):
 
     dape = [g for g in groups if g['model_args'].get('dape', 'none') != 'none']
     zero = [g for g in dape if g['model_args'].get('dape_init', 'default') != 'default']
-    baselines = {setting_without(g): g for g in groups if g not in dape}
-    defaults = {setting_without(g, ('dape_init',)): g for g in dape if g not in zero}
+
+    def by_setting(gs, keys):
+        out = {}
+        for g in gs:
+            k = setting_without(g, keys)
+            if k in out:  # two labels for one setting: which is the baseline would be a guess
+                raise InputError(f"runs labelled {out[k]['label']!r} and {g['label']!r} have the same setting: give "
+                                 f"them one label (or name the comparisons with --pairs)")
+            out[k] = g
+        return out
+    baselines = by_setting([g for g in groups if g not in dape], DAPE_KEYS)
+    defaults = by_setting([g for g in dape if g not in zero], ('dape_init',))
     return ([(g, baselines[setting_without(g)]) for g in dape if setting_without(g) in baselines]
             + [(g, defaults[setting_without(g, ('dape_init',))]) for g in zero
                if setting_without(g, ('dape_init',)) in defaults])
@@ -508,8 +519,10 @@ def difference_table(comparisons, eval_lengths, markdown=False):
 
 
 def protocol_text(protocol):
+    counts = sorted({d['num_windows'] for d in protocol.get('data', {}).values() if 'num_windows' in d})
+    n = f"{counts[0]} to {counts[-1]} (by validation split)" if len(counts) > 1 else protocol['num_windows']
     return (f"Perplexity of the last {protocol['eval_tokens']} tokens of each window (whole window through "
-            f"the model), {protocol['num_windows']} windows per length at the same seeded end positions "
+            f"the model), {n} windows per length at the same seeded end positions "
             f"(seed {protocol['seed']}) for every length and checkpoint. Mean ± sample std over seeds where "
             f"several runs share a setting.")
 
@@ -519,8 +532,11 @@ def write_outputs(out, protocol, runs, groups, comparisons, eval_lengths, make_p
     has_bpb = any(g['bpb'][L]['status'] == 'ok' for g in groups for L in eval_lengths)
     result = {'protocol': protocol, 'lengths': eval_lengths, 'runs': runs, 'groups': groups,
               'comparisons': comparisons, 'notes': list(notes)}
-    with open(os.path.join(out, 'results.json'), 'w') as f:
-        json.dump(jsonable(result), f, indent=1, allow_nan=False)
+    text = json.dumps(jsonable(result), indent=1, allow_nan=False)  # a bad value raises before a file is touched
+    path = os.path.join(out, 'results.json')
+    with open(path + '.tmp', 'w') as f:  # a failed write leaves the previous results whole
+        f.write(text)
+    os.replace(path + '.tmp', path)
 
     md = ['# Length extrapolation', '', protocol_text(protocol), '']
     if notes:
@@ -794,7 +810,11 @@ def evaluate(cfg, ckpt_paths, command='unknown (eval_extrapolate.evaluate called
                   f"(asked for {n_windows})")
         data_cache[d] = (data, meta, ends)
         protocol['data'][d] = {'val_tokens': int(len(data)), 'tokenizer': meta['tokenizer'],
-                               'longest_window': int(longest), 'window_ends': ends.tolist()}
+                               'longest_window': int(longest), 'num_windows': len(ends), 'window_ends': ends.tolist()}
+    # what was drawn, not what was asked: a split with too little room gives fewer windows (the warning above),
+    # and the captions state this count; where splits differ, the fewest (each split's is under 'data')
+    protocol['num_windows_asked'], protocol['num_windows'] = n_windows, min(len(c[2]) for c in data_cache.values())
+    n_windows = protocol['num_windows']
 
     print(f"evaluating {len(runs)} checkpoint(s) on {dev} at lengths {eval_lengths}: the same last {K} tokens "
           f"of {n_windows} windows at every length")

@@ -147,6 +147,19 @@ def test_every_length_of_a_table_scores_the_same_targets(tmp_path, monkeypatch):
         E.evaluate(cfg(out_dir=os.path.join(root, 'r2'), eval_tokens=100, lengths='24,48,96'), [run])
 
 
+def test_the_captions_count_the_windows_drawn_not_those_asked_for(tmp_path):
+    """A validation split with room for fewer windows than --num_windows asks gives fewer: the protocol, results.md
+    and every caption state the count drawn (what each cell averages), and the count asked is kept beside it."""
+    root = str(tmp_path)
+    make_data(root, n=400)
+    run = make_ckpt(root, 'k', 1, pos='kerple')
+    res = E.evaluate(cfg(out_dir=os.path.join(root, 'r'), num_windows=100, lengths='32'), [run])
+    drawn = len(list(res['protocol']['data'].values())[0]['window_ends'])
+    assert drawn < 100 and res['protocol']['num_windows'] == drawn and res['protocol']['num_windows_asked'] == 100
+    assert res['runs'][0]['results'][32]['n_tokens'] == 16 * drawn
+    assert f"{drawn} windows per length" in open(os.path.join(root, 'r', 'results.md')).read()
+
+
 def test_evaluate_protocol_tables_and_files(tmp_path):
     root = str(tmp_path)
     make_data(root, n=3000)
@@ -494,6 +507,24 @@ def test_zero_init_is_compared_with_its_encoding_and_with_the_default_init():
                      ('dapev2-kerple-zero', 'dapev2-kerple')]
 
 
+def test_dape_rope_is_compared_with_rope_read_the_same_way():
+    """With --rope_scaling every RoPE run is read once per extension: DAPE-RoPE read with PI is set against RoPE
+    read with PI, never against another reading (the groups carry how RoPE is read, part of the setting); and two
+    labels for one setting are refused rather than one of them taken as the baseline."""
+    def run(label, seed, **model):
+        return {'label': label, 'path': f'{label}_{seed}', 'seed': seed, 'data_dir': 'd', 'training': {'lr': 1e-3},
+                'model_args': dataclasses.asdict(GPTConfig(**dict(TINY, block_size=16), **model)),
+                'results': {32: {'status': 'ok', 'ppl': 5.0 + seed, 'bpb': None}}}
+    runs = [run('rope', s, pos='rope') for s in (1, 2)] + [run('dape-rope', s, pos='rope', dape='v1') for s in (1, 2)]
+    cfg = {'rope_scaling': 'none,pi,yarn', 'rope_scale': 0.0}
+    groups = E.group_runs(E.with_rope_scalings(runs, ['none', 'pi', 'yarn'], cfg), [32])
+    pairs = [(a['label'], b['label']) for a, b in E.comparison_pairs(groups)]
+    assert len(pairs) == 3 and all(a == 'dape-' + b for a, b in pairs), pairs
+    twice = [run('kerple', 1, pos='kerple'), run('kerple-again', 2, pos='kerple'), run('dape-kerple', 1, pos='kerple', dape='v1')]
+    with pytest.raises(common.InputError, match="'kerple' and 'kerple-again' have the same setting"):
+        E.comparison_pairs(E.group_runs(twice, [32]))
+
+
 def test_pairs_checked_before_evaluation(tmp_path, monkeypatch):
     root = str(tmp_path)
     make_data(root)
@@ -738,3 +769,12 @@ def test_head_values_are_what_the_encoding_learned():
         for d in (1, 100):
             want = (-r1 * torch.log1p(r2 * d)).tolist()
             assert vals['bias_at'][str(d)] == pytest.approx(want, abs=1e-5)
+
+
+def test_a_failed_write_leaves_the_previous_results_whole(tmp_path):
+    """A value that cannot be written (a NaN perplexity from a diverged checkpoint) raises before results.json is
+    opened: the results already there survive whole."""
+    (tmp_path / 'results.json').write_text('{"kept": true}')
+    with pytest.raises(ValueError, match='non-finite'):
+        E.write_outputs(str(tmp_path), {'ppl': float('nan')}, [], [], [], [16], make_plot=False)
+    assert json.loads((tmp_path / 'results.json').read_text()) == {'kept': True}
