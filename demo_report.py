@@ -303,8 +303,6 @@ def save(results_dir):
     """Copy what the tables are made of into docs/results/demo/ (the files of SAVED that the run wrote),
     replacing the published run's, and the plots into docs/."""
     saved = os.path.join(ROOT, PUBLISHED)
-    if not os.path.isfile(os.path.join(results_dir, "meta.json")):
-        write_meta(results_dir)
     tmp = saved + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
@@ -333,8 +331,10 @@ def render(saved):
     protocol = results["protocol"]
     seeds = max(g["n"] for g in results["groups"])
     several = [g["label"] for g in results["groups"] if g["n"] > 1]
-    seeds_text = (f"{seeds} seeds of {', '.join(several)}, one of the others; tables give the mean ± sample "
-                  f"std over seeds" if several else "one seed each")
+    counts = sorted({g["n"] for g in results["groups"] if g["n"] > 1}, reverse=True)
+    of = "; ".join(f"{n} seeds of {', '.join(g['label'] for g in results['groups'] if g['n'] == n)}" for n in counts)
+    seeds_text = (f"{of}, one of the others; tables give the mean ± sample std over seeds" if several
+                  else "one seed each")
     full = os.path.exists(os.path.join(saved, "rope_scaling", "results.json"))  # only --full reads RoPE four ways
     command = "bash demo.sh" + (" --full" if full else "") + ("" if seeds == 3 else f" --seeds={seeds}")
     tested = [c for c in results["comparisons"] if any(p["status"] == "ok" for p in c["p_value"].values())]
@@ -354,8 +354,10 @@ DAPE-X's mean perplexity minus X's, with the 95% confidence interval of the diff
 negative: DAPE lower):
 
 {difference_table(results)}""" if tested else "")
-    scope = (f"with {seeds} seeds of the pairs that carry the claim, so that the exact test's p cannot go below "
-             f"{min(t['p_min'] for t in exact):.2g} (Welch's can, by assuming normal errors)" if exact else
+    floors = sorted({round(t['p_min'], 12) for t in exact}, reverse=True)
+    floor = f"{floors[0]:.2g}" if len(floors) == 1 else f"{floors[0]:.2g} for some and {floors[-1]:.2g} for others"
+    scope = (f"with {' or '.join(map(str, sizes))} seeds of the pairs that carry the claim, so that the exact test's "
+             f"p cannot go below {floor} (Welch's can, by assuming normal errors)" if exact else
              f"with {seeds} seeds of some models but no DAPE-X and X both over several, so no p-value" if several else
              "with one seed, so no p-value can be computed (`bash demo.sh` runs three)")
     rest = ", RoPE context extension and passkey retrieval from the same run" if full else \
@@ -416,10 +418,22 @@ result of this run, not tuned away.{rope_section(saved, meta["loss_by_position_p
     return section, page
 
 
+def is_published(results_dir):
+    """Whether results_dir lies in docs/results/, where what is published is kept."""
+    published = os.path.realpath(os.path.join(ROOT, "docs", "results"))
+    return os.path.realpath(results_dir).startswith(published + os.sep)
+
+
 def report(results_dir, minutes=None, models=None):
     """What demo.sh runs: the run's meta.json, and report.md (the README section and the page as they would be
-    published), both in results_dir; prints them. Changes no file outside results_dir."""
-    write_meta(results_dir, minutes, models)
+    published), both in results_dir; prints them. Changes no file outside results_dir. meta.json is the run's
+    provenance: written by the run's own report (demo.sh gives --minutes and --models) or where there is none,
+    never rewritten by a later report of the same directory."""
+    if is_published(results_dir):
+        sys.exit(f"{results_dir} is a published study: print its report with python demo_report.py "
+                 f"--tables_from={results_dir} (a report writes into the directory it reads)")
+    if minutes is not None or models is not None or not os.path.isfile(os.path.join(results_dir, "meta.json")):
+        write_meta(results_dir, minutes, models)
     section, page = render(results_dir)
     text = f"{section}\n\n{page}"
     with open(os.path.join(results_dir, "report.md"), "w") as f:
@@ -440,13 +454,21 @@ def publish(results_dir):
         sys.exit(f"--publish refused: {results_dir} would drop what {PUBLISHED}/ publishes: {'; '.join(lost)}. "
                  f"Run the same study (e.g. bash demo.sh --full, with as many --seeds) and publish its results "
                  f"directory, or, to replace the study on purpose, git rm -r {PUBLISHED} first")
-    section, page = render(save(results_dir))
-
+    if is_published(results_dir):
+        sys.exit(f"--publish: {results_dir} is already published (print it with --tables_from={results_dir})")
     readme_path = os.path.join(ROOT, "README.md")
     with open(readme_path) as f:
         readme = f.read()
     if START not in readme or END not in readme:
         sys.exit(f"README.md has no {START} ... {END} section to replace")
+    plot = os.path.join(results_dir, "ppl_vs_length.png")
+    if not os.path.isfile(plot):
+        sys.exit(f"--publish: no {plot}, the README's plot: evaluate the run again with eval_extrapolate.py "
+                 f"--out_dir={results_dir} --plot=True")
+    if not os.path.isfile(os.path.join(results_dir, "meta.json")):
+        write_meta(results_dir)
+    render(results_dir)  # a file the texts need that is missing or unreadable stops here, before docs/ changes
+    section, page = render(save(results_dir))
     head, rest = readme.split(START, 1)
     tail = rest.split(END, 1)[1]
     for path, text in ((readme_path, head + section + tail), (os.path.join(ROOT, "docs", "demo_results.md"), page)):

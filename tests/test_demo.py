@@ -273,6 +273,59 @@ def test_report_states_the_seeds_it_was_given(tmp_path, monkeypatch):
     assert "Smallest possible exact p: 0.0079 with 5 and 5 seeds." in page and "can reach" not in page
 
 
+def _demo_results(counts):
+    lengths = [64, 128]
+    groups = [{"label": label, "n": n, "seeds": list(range(1, n + 1)),
+               "ppl": {str(L): _seeds(6.0 - i, n) for L in lengths}, "bpb": {str(L): _seeds(2.5, n) for L in lengths}}
+              for i, (label, n) in enumerate(counts)]
+    return {"lengths": lengths, "protocol": {"eval_tokens": 8, "num_windows": 2},
+            "runs": [{"model_args": {"n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 64}, "iter_num": 10}],
+            "groups": groups, "comparisons": [_comparison({64: (0.01, -1.0), 128: (0.2, -1.0)})]}
+
+
+def test_report_names_each_models_seeds_where_their_counts_differ(tmp_path, monkeypatch):
+    """Kerple over 5 seeds against DAPE-Kerple over 3: the text says which model has how many, and the smallest
+    exact p that 5 against 3 allows, not the 5 against 5 that the largest count would suggest."""
+    import demo_report
+    res = tmp_path / "res"
+    res.mkdir()
+    results = _demo_results([("kerple", 5), ("dape-kerple", 3), ("alibi", 3), ("dape-alibi", 3), ("rope", 1)])
+    results["comparisons"].append(dict(results["comparisons"][0], label="dape-alibi", baseline="alibi"))
+    (res / "results.json").write_text(json.dumps(results))
+    monkeypatch.setattr(demo_report, "ROOT", str(tmp_path))
+    text = demo_report.report(str(res))
+    assert "5 seeds of kerple; 3 seeds of dape-kerple, alibi, dape-alibi, one of the others" in text
+    # 5 against 3 allows 2/56, 3 against 3 only 2/20
+    assert "with 3 or 5 seeds of the pairs" in text and "cannot go below 0.1 for some and 0.036 for others" in text
+
+
+def test_a_report_keeps_the_runs_provenance_and_a_failed_publish_changes_nothing(tmp_path, monkeypatch):
+    """meta.json is written by the run's own report (demo.sh gives --minutes and --models); a later report of the
+    same directory keeps it, and a report of the published study is refused (it writes where it reads). A
+    publish that lacks a file it needs (the plot) stops before docs/ or README.md change."""
+    import demo_report
+    monkeypatch.setattr(demo_report, "ROOT", str(tmp_path))
+    res = tmp_path / "res"
+    res.mkdir()
+    (res / "results.json").write_text(json.dumps(_demo_results([("kerple", 3), ("dape-kerple", 3)])))
+    demo_report.report(str(res), 22, 12)
+    meta = json.loads((res / "meta.json").read_text())
+    assert (meta["minutes"], meta["models"]) == (22, 12)
+    demo_report.report(str(res))
+    assert json.loads((res / "meta.json").read_text()) == meta
+    published = tmp_path / "docs" / "results" / "demo"
+    published.mkdir(parents=True)
+    before = json.dumps(_demo_results([("kerple", 3), ("dape-kerple", 3)]))
+    (published / "results.json").write_text(before)
+    with pytest.raises(SystemExit, match="is a published study"):
+        demo_report.report(str(published))
+    (tmp_path / "README.md").write_text("intro\n<!-- demo-results:start -->\nold\n<!-- demo-results:end -->\n")
+    with pytest.raises(SystemExit, match="no .*ppl_vs_length.png"):
+        demo_report.publish(str(res))
+    assert (published / "results.json").read_text() == before and "old" in (tmp_path / "README.md").read_text()
+    assert not (tmp_path / "docs" / "demo_results.md").exists()
+
+
 def test_observations_cover_every_pair_the_evaluation_made():
     """DAPE-X with f zero at step 0 is set against X and against DAPE-X (the evaluation's pairs), though its
     label is not 'dape-' + X; a DAPE group without a pair gets no line."""
