@@ -754,7 +754,7 @@ def length_tables(cells, tasks, columns, cfg):
         if not task_rows:
             continue
         compared, lengths = length_comparisons(task_rows)
-        seeds = sorted({x['seed'] for r in task_rows for x in r[4]})
+        seeds = sorted({x['seed'] for r in task_rows for x in r[4] if per_length(x)})  # those the figures are over
         lines = [f"| {t}: N | " + ' | '.join(label(*r[:4]) for r in task_rows) + ' |',
                  '|' + ' --- |' * (len(task_rows) + 1)]
         curves = [[per_length(x) for x in r[4]] for r in task_rows]
@@ -904,7 +904,9 @@ def retest_tables(cells_a, cells_b, tasks, columns, cfg):
               '|' + ' --- |' * 6]
     held = total = 0
     cell = lambda c: f"{difference_text(c)}, {p_text(c.get('p_holm'))}" if c['status'] == 'ok' else c['status']
-    for (k, base, ca), (_, _, cb) in zip(sa, sb):
+    by_pair_b = {(k, base): cb for k, base, cb in sb}  # both files hold the same runs, so the same pairs
+    for k, base, ca in sa:
+        cb = by_pair_b[(k, base)]
         name = f"{encoding_label(k[1], k[2])} vs {encoding_label(k[1], base[2])}"
         for what, x, y in zip(('OOD, learned seeds', 'OOD, every seed', 'ID, every seed'), ca, cb):
             ok = holds(x, y)
@@ -913,13 +915,16 @@ def retest_tables(cells_a, cells_b, tasks, columns, cfg):
                           f"{'n/a' if ok is None else 'yes' if ok else 'no'} |")
     for t in tasks:
         la_rows, lb_rows = [r for r in rows_a if r[0] == t], [r for r in rows_b if r[0] == t]
-        (ca_all, lengths), (cb_all, _) = length_comparisons(la_rows), length_comparisons(lb_rows)
-        for (k, base, ca), (_, _, cb) in zip(ca_all, cb_all):
+        (ca_all, lengths_a), (cb_all, lengths_b) = length_comparisons(la_rows), length_comparisons(lb_rows)
+        lengths = sorted(set(lengths_a) | set(lengths_b))  # a length one file lacks counts as no test there
+        by_pair_b = {(k, base): cb for k, base, cb in cb_all}
+        for k, base, ca in ca_all:
+            cb = by_pair_b.get((k, base), {})
             name = f"{encoding_label(k[1], k[2])} vs {encoding_label(k[1], base[2])}"
             text, same, tested = holds_at(ca, cb, lengths, 'N')
             held, total = held + same, total + tested
             checks.append(f"| {t} | {name} | OOD at each of {len(lengths)} lengths | {verdict_counts(ca.values())} | "
-                          f"{verdict_counts(cb.values())} | {text} |")
+                          f"{verdict_counts(cb.values()) if cb else 'n/a: no per-length figures'} | {text} |")
     seeds = sorted({r['seed'] for *_, runs, _ in rows_a for r in runs})
     caption = (f"The same runs (seeds {','.join(map(str, seeds))}) trained under two roundings of one machine: "
                f"ATen's {a_name} kernels and its {b_name} kernels, otherwise identical"

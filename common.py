@@ -736,6 +736,8 @@ def compare_means(a, b, level=0.95, bounds=None):
         return {'status': 'n/a: zero variance', 'n_a': len(a), 'n_b': len(b)}
     t, df, p = welch_ttest(a, b) if spread > 0 else (None, None, None)
     diff = float(np.mean(a) - np.mean(b))
+    if abs(diff) <= 100 * np.finfo(np.float64).eps * max(map(abs, a + b)):
+        diff = 0.0  # the same values summed in another order: rounding, not a side ahead (verdict reads its sign)
     half = t_quantile(0.5 + level / 2, df) * math.sqrt(spread) if spread > 0 else 0.0
     ci, method = [diff - half, diff + half], 't'
     if bounds is not None:
@@ -830,7 +832,7 @@ def kernels_of(machines):
 def pearson(x, y):
     """Pearson's correlation of two equally long lists; None where either does not vary or has fewer than 3."""
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
-    if len(x) < 3 or x.std() == 0 or y.std() == 0:
+    if len(x) < 3 or np.all(x == x[0]) or np.all(y == y[0]):  # (a constant's std can round to 1e-17, not 0)
         return None
     return float(np.corrcoef(x, y)[0, 1])
 
@@ -865,6 +867,8 @@ def holds_at(ca, cb, keys, name):
     """Where one pair's conclusions hold under both roundings, ca and cb {key: comparison} (e.g. per length
     `name`=key): (text 'at 15 of 17; not at N=51,61' or 'n/a' where no key has a test under both, how many
     hold, how many have a test under both)."""
+    none = {'status': 'n/a: not evaluated'}  # a key one rounding's file lacks has no test under both
+    ca, cb = {k: ca.get(k, none) for k in keys}, {k: cb.get(k, none) for k in keys}
     tested = [k for k in keys if holds(ca[k], cb[k]) is not None]
     other = [k for k in tested if not holds(ca[k], cb[k])]
     text = (f"at {len(tested) - len(other)} of {len(tested)}" + (f"; not at {name}={','.join(map(str, other))}" if other else '')

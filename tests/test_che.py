@@ -1015,3 +1015,41 @@ def test_retest_counts_only_the_comparisons_that_have_a_test():
     assert _row(table, '| bucket_sort | DAPE-ALiBi vs ALiBi | ID, every seed |')[-1] == 'n/a'
     assert _row(table, '| bucket_sort | DAPE-ALiBi vs ALiBi | OOD at each of 3 lengths |')[-1] == 'n/a'
     assert table.endswith('0 of 0 conclusions hold under both.')
+
+
+def test_retest_and_length_tables_where_some_runs_keep_no_per_length_figures():
+    """Results files written before runs kept their per-length accuracies: the test-retest of such a file against
+    one that keeps them says there is no per-length test under both (it must not fail), in either order, and a
+    lengths table over a file that mixes both kinds names the seeds its figures are over, not every seed."""
+    with_lengths = {('bucket_sort', 'alibi', d): _runs_with_lengths('bucket_sort', 'alibi', d,
+                                                                   [(s, 80.0 + s + k, {41: 60.0 + s + k, 51: 50.0 + s})
+                                                                    for s in range(3)])
+                    for k, d in enumerate(('none', 'v1'))}
+    without = {key: _cell(*key, [(r['seed'], r['id_score'], r['score']) for r in c['runs']])
+               for key, c in with_lengths.items()}
+    columns, cfg = [('alibi', 'none'), ('alibi', 'v1')], _cfg(seeds='0,1,2', learning_rate=1e-3)
+    for a, b in ((with_lengths, without), (without, with_lengths)):
+        table = C.retest_tables(a, b, ['bucket_sort'], columns, cfg)
+        assert table.endswith('3 of 3 conclusions hold under both.'), table[-300:]
+    row = _row(C.retest_tables(with_lengths, without, ['bucket_sort'], columns, cfg),
+               '| bucket_sort | DAPE-ALiBi vs ALiBi | OOD at each of 2 lengths |')
+    assert row[4:] == ['n/a: no per-length figures', 'n/a']
+    # seeds 3 and 4: older records, no per-length figures
+    mixed = {}
+    for key, c in with_lengths.items():
+        old = [dict({k: v for k, v in r.items() if k != 'per_length'}, seed=s) for s, r in zip((3, 4), c['runs'])]
+        mixed[key] = dict(c, runs=c['runs'] + old)
+    table = C.length_tables(mixed, ['bucket_sort'], columns, _cfg(seeds='0,1,2,3,4', learning_rate=1e-3))
+    assert 'over every seed (0,1,2), whether or not it learned' in table
+
+
+def test_pearson_and_the_side_ahead_ignore_rounding():
+    """A constant list has no correlation even where its float std rounds to 1e-17 (scipy says nan); the same
+    values in another order are level, not ahead by the 1e-15 that summing them in that order leaves."""
+    import common
+    assert common.pearson([0.05] * 3, [1, 2, 3.5]) is None
+    assert common.pearson([1, 2, 3], [2, 4, 7]) == pytest.approx(0.9933992677987827)
+    a = [49.73, 11.0, 52.79, 51.56, 0.79]
+    c = common.compare_means(a, [51.56, 0.79, 49.73, 52.79, 11.0], bounds=(0, 100))
+    assert c['diff'] == 0.0 and common.verdict(c) == 'level'
+    assert common.verdict(common.compare_means(a, [v - 0.01 for v in a], bounds=(0, 100))) == 'ahead'
