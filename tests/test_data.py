@@ -394,7 +394,7 @@ def test_pile_reader_filters_by_set_name(tmp_path, script, set_name):
 
 
 def test_pile_reader_zst_and_val_input(tmp_path):
-    zstandard = pytest.importorskip('zstandard')  # noqa: F841  (the .jsonl path above needs nothing)
+    pytest.importorskip('zstandard')  # (the .jsonl path above needs nothing)
     recs = pile_records()
     write_jsonl(tmp_path / 'train.jsonl.zst', recs[:60])
     write_jsonl(tmp_path / 'val.jsonl.zst', recs[60:])
