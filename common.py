@@ -17,6 +17,7 @@ The one device and dtype rule (train.py, eval_extrapolate.py, sample.py, visuali
 
 import datetime
 import functools
+import inspect
 import itertools
 import json
 import math
@@ -270,6 +271,10 @@ def rope_scaling_options(cfg):
     if not 0 <= cfg['yarn_alpha'] < cfg['yarn_beta']:
         raise InputError(f"--yarn_alpha and --yarn_beta need 0 <= alpha < beta, got {cfg['yarn_alpha']}, "
                          f"{cfg['yarn_beta']}")
+    defaults = inspect.signature(RoPE.set_scaling).parameters
+    if 'yarn' not in kinds and (cfg['yarn_alpha'], cfg['yarn_beta']) != (defaults['alpha'].default,
+                                                                         defaults['beta'].default):
+        raise InputError("--yarn_alpha and --yarn_beta have no effect without --rope_scaling=yarn")
     return kinds
 
 

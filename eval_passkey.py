@@ -113,9 +113,14 @@ def check_options(cfg):
     bad = [d for d in deps if not 0.0 <= d <= 1.0]
     if bad:
         raise InputError(f"--depths must be in [0, 1] (0: the key first, 1: just before the question), got {bad}")
+    for key, values in (('lengths', lens or []), ('depths', deps)):
+        if len(set(values)) < len(values):  # a repeated prompt would count as another trial
+            raise InputError(f"--{key} repeats a value ({cfg[key]!r}): give each once")
     scalings = rope_scaling_options(cfg)
     if cfg['trials'] < 1 or cfg['digits'] < 1 or cfg['batch_tokens'] < 1:
         raise InputError("--trials, --digits and --batch_tokens must be positive")
+    if cfg['digits'] > 18:  # a key is drawn as a 64-bit integer
+        raise InputError(f"--digits is at most 18, got {cfg['digits']}")
     if not 0.0 < cfg['learned_exact'] <= 1.0:
         raise InputError(f"--learned_exact is an exact-match fraction in (0, 1], got {cfg['learned_exact']}")
     if cfg['filler'] not in ('val', 'sentence'):
@@ -334,6 +339,11 @@ def evaluate(cfg, ckpt_paths):
     if names is not None and len(names) != len(files):
         raise InputError(f"--labels has {len(names)} names for {len(files)} checkpoints: {files}")
 
+    if cfg['save_runs']:  # a file that cannot be read or written fails now, not after the evaluation
+        where = os.path.dirname(os.path.abspath(cfg['save_runs']))
+        if not os.path.isdir(where):
+            raise InputError(f"--save_runs: no folder {where} for {cfg['save_runs']}")
+        read_saved(cfg['save_runs'])
     # every checkpoint, its tokenizer and filler first: bad input fails before any evaluation
     runs, sources = [], {}
     for i, path in enumerate(files):
@@ -347,6 +357,11 @@ def evaluate(cfg, ckpt_paths):
                      'seed': (ckpt.get('config') or {}).get('seed'), 'trained_by': trained_by(ckpt)})
         sources[(d, tok.name)] = (tok, data)
         del model
+    named = [r['name'] for r in runs]
+    twice = sorted({n for n in named if named.count(n) > 1})
+    if twice:  # one row would replace the other in the tables and in --save_runs
+        raise InputError(f"two checkpoints are both named {', '.join(twice)} (their folders' names): name each "
+                         f"with --labels=a,b,...")
     # runs that differ only by their seed share a setting label (eval_extrapolate.py's: 'kerple',
     # 'kerple[learning_rate=0.001]', ...): the groups of the tables over seeds
     for r, setting in zip(runs, auto_labels([dict(r, data_dir=r['data_dir'] or '') for r in runs])):
@@ -611,12 +626,26 @@ def tables_from_file(path):
 SAME_PROTOCOL = ('lengths', 'depths', 'trials', 'filler', 'seed', 'digits')  # what makes two runs' figures comparable
 
 
+def read_saved(path):
+    """A results file as --save_runs adds to it: {'protocol', 'rows'}; None where there is none yet."""
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except (OSError, ValueError) as e:
+        raise InputError(f"--save_runs: {path} is not a readable results file ({e}); save to another file") from None
+    if not isinstance(saved, dict) or not {'protocol', 'rows'} <= set(saved):
+        raise InputError(f"--save_runs: {path} is not a passkey results file (no protocol and rows); save to "
+                         f"another file")
+    return saved
+
+
 def saved_runs(path, protocol):
     """The results file `path` (a new one if there is none), if its runs were evaluated as `protocol` says."""
-    if not os.path.exists(path):
+    saved = read_saved(path)
+    if saved is None:
         return {'protocol': {k: protocol[k] for k in SAME_PROTOCOL + ('learned_exact',)}, 'rows': []}
-    with open(path) as f:
-        saved = json.load(f)
     theirs = {k: saved['protocol'][k] for k in SAME_PROTOCOL if k in saved['protocol']}
     ours = {k: protocol[k] for k in theirs}
     if theirs != ours:
@@ -638,6 +667,12 @@ def merge_runs(path, protocol, rows):
             for r in rows]
     for row in kept:
         labels = [r['label'] for r in saved['rows']]
+        other = [r['label'] for r in saved['rows'] if r['label'] != row['label'] and row['seed'] is not None
+                 and (r['setting'], r['seed']) == (row['setting'], row['seed'])]
+        if other:  # the same run under two labels would count as two seeds
+            raise InputError(f"--save_runs: {path} holds {other[0]}, a run of {row['setting']} with seed {row['seed']}, "
+                             f"and this evaluation saves it again as {row['label']}: save it under the label "
+                             f"{other[0]} (--labels=), or remove that row first")
         if row['label'] in labels:
             saved['rows'][labels.index(row['label'])] = row
             continue
@@ -844,6 +879,10 @@ def main(argv=None):
             raise InputError(f"--{key}={cfg[key]} {what} with --tables_from (e.g. "
                              f"--tables_from=docs/results/passkey_cpu.json --{key}=...)")
     if cfg['tables_from']:
+        reads = ('tables_from', 'rounding_from', 'figure')
+        ignored = [f"--{k}" for k in config_keys if k not in reads and cfg[k] != globals()[k]] + paths
+        if ignored:  # nothing is evaluated: an evaluation's options would change nothing
+            raise InputError(f"--tables_from prints a results file and evaluates nothing; leave out {', '.join(ignored)}")
         for key in ('tables_from', 'rounding_from'):
             if cfg[key] and not os.path.isfile(cfg[key]):
                 raise InputError(f"--{key}: no file {cfg[key]}")

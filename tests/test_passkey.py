@@ -645,7 +645,8 @@ def test_tables_from_a_results_file(tmp_path):
 def test_save_runs_adds_an_evaluation_to_a_results_file(tmp_path, monkeypatch):
     """--save_runs merges the evaluated runs into a results file (source: run, exact match and log-likelihood per
     length), replacing a run of the same label in place and putting a new one after its setting's last; the
-    file's tables then include it. A file of another protocol is refused before anything is evaluated."""
+    file's tables then include it. A file of another protocol, a file that is not a results file, a folder that
+    does not exist and the same run under a second label are refused before anything is evaluated or written."""
     root = str(tmp_path)
     make_text_data(os.path.join(root, 'data'))
     ckpt = make_ckpt(root, 'kerple_s3', pos='kerple')
@@ -685,15 +686,30 @@ def test_save_runs_adds_an_evaluation_to_a_results_file(tmp_path, monkeypatch):
     EP.merge_runs(str(path), protocol, [dict(rows[1], label='kerple_s0', seed=0), dict(rows[1], label='kerple_s9', seed=9)])
     assert [r['label'] for r in json.loads(path.read_text())['rows']] == [
         'kerple_s0', 'kerple_s1', 'kerple_s3', 'kerple_s2', 'kerple_s9', 'alibi_s1', 'rope_s1']
-    # a new run of a seed already there goes after it, not before
-    EP.merge_runs(str(path), protocol, [dict(rows[1], label='kerple_s1b', seed=1)])
-    # (kerple_s3, evaluated above, has no seed recorded: it counts as seed 0)
-    assert [r['label'] for r in json.loads(path.read_text())['rows']][:4] == ['kerple_s0', 'kerple_s1', 'kerple_s3',
-                                                                             'kerple_s1b']
-    before, n = path.read_text(), len(scored)
+    # the same run (setting and seed) under another label would count as a second seed: refused, the file unchanged
+    before = path.read_text()
+    with pytest.raises(InputError, match="holds kerple_s1, a run of kerple with seed 1, .* again as kerple_s1b"):
+        EP.merge_runs(str(path), protocol, [dict(rows[1], label='kerple_s1b', seed=1)])
+    assert path.read_text() == before
+    n = len(scored)
     with pytest.raises(InputError, match="holds runs evaluated with .*'trials': 2.* uses .*'trials': 3"):
         EP.evaluate(ep_cfg(out_dir=os.path.join(root, 'res'), plot=False, save_runs=str(path), trials=3), [ckpt])
     assert path.read_text() == before and len(scored) == n
+    # a file that is not a results file, or a folder that does not exist: refused before anything is evaluated
+    bad = tmp_path / 'bad.json'
+    for text, match in (('{"rows": [', 'not a readable results file'), ('[]', 'not a passkey results file')):
+        bad.write_text(text)
+        with pytest.raises(InputError, match=match):
+            EP.evaluate(ep_cfg(out_dir=os.path.join(root, 'res'), plot=False, save_runs=str(bad)), [ckpt])
+        assert bad.read_text() == text
+    with pytest.raises(InputError, match='--save_runs: no folder'):
+        EP.evaluate(ep_cfg(out_dir=os.path.join(root, 'res'), plot=False, save_runs=str(tmp_path / 'no' / 'x.json')),
+                    [ckpt])
+    assert len(scored) == n
+    # two checkpoints of one folder name would be one row: refused, with the fix
+    twin = make_ckpt(root, os.path.join('elsewhere', 'kerple_s3'), pos='kerple')
+    with pytest.raises(InputError, match='both named kerple_s3 .*--labels='):
+        EP.evaluate(ep_cfg(out_dir=os.path.join(root, 'res'), plot=False), [ckpt, twin])
 
 
 def test_zero_init_is_compared_with_its_encoding_and_with_the_default_init():
@@ -889,3 +905,20 @@ def test_the_test_retest_settings_differ_from_passkey_cpu_in_what_they_state(tmp
                           ('passkey_cpu_2layer.py', {'n_layer': 2})]:
         cfg = configure(train.DEFAULTS, [os.path.join(ROOT, 'config', name)])
         assert {k: v for k, v in cfg.items() if base[k] != v} == changed, name
+
+
+def test_options_that_would_change_nothing_or_count_twice_are_refused(tmp_path):
+    """--tables_from evaluates nothing: a checkpoint or an evaluation option beside it would be ignored, so it is
+    refused; a length or depth given twice would count its prompts as more trials; a key of more digits than a
+    64-bit integer holds cannot be drawn. Each a one-line error naming the option."""
+    path = tmp_path / 'r.json'
+    path.write_text(json.dumps({'protocol': {'lengths': [96], 'learned_exact': 0.5}, 'rows': []}))
+    for extra in (['--trials=7'], ['--save_runs=x.json'], [str(tmp_path)]):
+        with pytest.raises(InputError, match='evaluates nothing; leave out') as e:
+            EP.main([f'--tables_from={path}'] + extra)
+        assert '\n' not in str(e.value)
+    for key, value in (('lengths', '96,96'), ('depths', '0.5,0.5')):
+        with pytest.raises(InputError, match=f'--{key} repeats a value'):
+            EP.check_options(ep_cfg(**{key: value}))
+    with pytest.raises(InputError, match='--digits is at most 18'):
+        EP.check_options(ep_cfg(digits=19))

@@ -199,3 +199,13 @@ def test_sample_with_rope_scaling(tmp_path, capsys):
                tmp_path / 'kerple' / 'ckpt.pt')
     with pytest.raises(InputError, match='RoPE models only'):
         S.sample(cfg, str(tmp_path / 'kerple'))
+
+
+def test_a_yarn_ramp_without_yarn_is_refused():
+    """--yarn_alpha and --yarn_beta change only YaRN's reading: given without --rope_scaling=yarn they would change
+    nothing, so they are refused, as --rope_scale is without a scaling."""
+    from common import rope_scaling_options
+    base = dict(rope_scaling='none,pi', rope_scale=0.0, yarn_alpha=1.0, yarn_beta=32.0)
+    assert rope_scaling_options(base) == ['none', 'pi']
+    with pytest.raises(InputError, match='no effect without --rope_scaling=yarn'):
+        rope_scaling_options(dict(base, yarn_alpha=5.0, yarn_beta=50.0))
