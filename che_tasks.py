@@ -36,8 +36,9 @@ $ ATEN_CPU_CAPABILITY=default python che_tasks.py config/che_cpu_learned.py --se
 $ python che_tasks.py config/che_cpu_learned.py --tables_from=mine.json --rounding_from=other.json
 
 A retrieval task trains a causal model (a language model scored where the next token is determined:
-the bit after a flip-flop read, the value after a recalled MQAR key) at fixed positions 0..T-1, and a
-task with other test distributions (flip-flop: sparse and dense) is scored on each at the test lengths.
+the bit after a flip-flop read, the value after a recalled MQAR key), at positions 0..T-1 as its configs
+set it (rand_pos=False; the runner's default, rand_pos=True, draws randomized positions for any task), and
+a task with other test distributions (flip-flop: sparse and dense) is scored on each at the test lengths.
 """
 import json
 import math
@@ -291,13 +292,24 @@ def _same_run(saved, cfg):
     return all(saved.get(k) == v for k, v in cfg.items() if k not in _NOT_RESULT_KEYS)
 
 
+def _load_run(path):
+    """A run's record in out_dir/runs/, which resume=True reuses; a ValueError naming it where it is not whole
+    JSON (cut short by a full disk or a copy): it is left for the user to delete, as it may be all there is of
+    that run."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"resume=True reuses {path}, which is not whole JSON ({e}): delete it to train that run "
+                         f"again, or pass --resume=False") from None
+
+
 def run_one(cfg, log=print, command='unknown'):
     """Train and evaluate one run: one (task, pos, dape) at one seed and learning rate, recorded with where it
     was trained ('trained': common.provenance of `command`: the rounding a later save cannot know).
     -> result dict (also written to out_dir/runs/ as JSON, which resume=True reuses)."""
     if cfg['out_dir'] and cfg['resume'] and os.path.exists(_run_path(cfg)):
-        with open(_run_path(cfg)) as f:
-            saved = json.load(f)
+        saved = _load_run(_run_path(cfg))
         if _same_run(saved.get('config', {}), cfg):
             log(f"== {_run_path(cfg)}: finished earlier with the same settings, reused")
             return saved
@@ -776,9 +788,12 @@ def length_tables(cells, tasks, columns, cfg):
     return '\n\n'.join(out)
 
 
+RUN_KEYS = ('task', 'pos', 'dape', 'learning_rate', 'seed')
+
+
 def run_key(r):
     """What names one run in a results file: its task, encoding, learning rate and seed."""
-    return r['task'], r['pos'], r['dape'], r['learning_rate'], r['seed']
+    return tuple(r[k] for k in RUN_KEYS)
 
 
 def compact_runs(cells):
@@ -823,6 +838,24 @@ def cells_from_runs(runs):
     return cells
 
 
+def read_results(path, option, fix):
+    """The results file `path` (save_runs writes it: a JSON object whose 'runs' each name their task, encoding,
+    learning rate and seed), read and never written; a one-line ValueError naming `option`, the file and `fix`
+    where it is missing, not JSON or not such a file."""
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except FileNotFoundError:
+        raise ValueError(f"{option}={path}: no such file; {fix}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{option}={path} cannot be read as JSON ({e}); {fix}") from None
+    runs = saved.get('runs') if isinstance(saved, dict) else None
+    if not isinstance(runs, list) or not all(isinstance(r, dict) and set(RUN_KEYS) <= r.keys() for r in runs):
+        raise ValueError(f"{option}={path} is not a che_tasks results file (a JSON object whose 'runs' each name "
+                         f"{', '.join(RUN_KEYS)}); {fix}")
+    return saved
+
+
 def load_cells(path):
     """The cells (cells_from_runs) of the runs in a results file that save_runs wrote, and the file."""
     with open(path) as f:
@@ -830,13 +863,19 @@ def load_cells(path):
     return cells_from_runs(saved['runs']), saved
 
 
+def table_selection(cfg):
+    """The tasks and (pos, dape) columns the config selects from a results file: the grid's, or its one cell."""
+    if cfg['grid']:
+        return resolve_tasks(cfg['grid_tasks']), grid_columns(cfg)
+    return [cfg['task']], [(cfg['pos'], cfg['dape'])]
+
+
 def tables_from_file(cfg):
     """The tables over seeds (seeds_table) of the runs in the file cfg['tables_from'] (one that
     save_runs wrote), for the config's tasks, encodings and learned rule, and where its runs keep their
     per-length figures the tables per length (length_tables): no training. With cfg['rounding_from'],
     the test-retest tables of those runs against the same runs in that file instead (retest_tables)."""
-    tasks = resolve_tasks(cfg['grid_tasks']) if cfg['grid'] else [cfg['task']]
-    columns = grid_columns(cfg) if cfg['grid'] else [(cfg['pos'], cfg['dape'])]
+    tasks, columns = table_selection(cfg)
     cells, _ = load_cells(cfg['tables_from'])
     if cfg['rounding_from']:
         return retest_tables(cells, load_cells(cfg['rounding_from'])[0], tasks, columns, cfg)
@@ -1046,7 +1085,8 @@ grid_tasks = 'table2'        # table2 (the paper's 14) | all (CHE's 15) | retrie
 grid_pos = 'alibi,kerple,fire'
 grid_dape = 'none,v1'
 grid_dape_pos = ''           # the encodings run with DAPE (grid_dape other than none); '' = every grid_pos
-save_runs = ''               # after a grid: every run's ID and OOD figures merged into this JSON file (small)
+save_runs = ''               # after the runs (a cell or a grid): every run's ID and OOD figures merged into
+                             # this JSON file (small)
 tables_from = ''             # print the tables over seeds of the runs in this save_runs file; no training
 rounding_from = ''           # with tables_from: the same runs trained under another rounding (a save_runs file):
                              # print the test-retest tables of the two instead
@@ -1054,8 +1094,9 @@ config_keys = [k for k in globals() if k not in _names_before_config and not k.s
 
 
 def check_config(cfg):
-    """Fail before any training on a bad task name or a (pos, dape) the model rejects: builds every
-    cell's GPTConfig, which validates itself (ValueError naming the field)."""
+    """Fail before any training on a bad task name or a (pos, dape) the model rejects (builds every
+    cell's GPTConfig, which validates itself: ValueError naming the field), and on a file it would read or
+    write only afterwards: save_runs, tables_from, rounding_from and the run records resume=True reuses."""
     if cfg['grid']:
         tasks = resolve_tasks(cfg['grid_tasks'])
         outside = set(_split(cfg['grid_dape_pos'])) - set(_split(cfg['grid_pos']))
@@ -1073,7 +1114,10 @@ def check_config(cfg):
         if cfg['train_max_len'] < get_task(t).min_len:
             raise ValueError(f"train_max_len={cfg['train_max_len']}: task {t} needs N >= {get_task(t).min_len}")
         if get_task(t).causal:  # the longest test sequence can be made (mqar has a finite set of keys)
-            get_task(t).generate(1, cfg['eval_max_len'], np.random.default_rng(0))
+            try:
+                get_task(t).generate(1, cfg['eval_max_len'], np.random.default_rng(0))
+            except ValueError as e:
+                raise ValueError(f"eval_max_len={cfg['eval_max_len']}: {e}: lower --eval_max_len") from None
     for k in ('max_iters', 'batch_size', 'train_max_len', 'eval_samples', 'eval_batch_size', 'eval_draws',
               'eval_stride', 'id_stride', 'log_interval', 'eval_min_len'):
         if cfg[k] < 1:
@@ -1100,6 +1144,38 @@ def check_config(cfg):
     if cfg['rounding_from'] and not cfg['tables_from']:
         raise ValueError(f"rounding_from={cfg['rounding_from']!r} compares two results files: name the first "
                          f"with tables_from (e.g. --tables_from=docs/results/che_bucket_sort_5x.json)")
+    if cfg['save_runs'] and cfg['tables_from']:
+        raise ValueError(f"save_runs={cfg['save_runs']} with tables_from={cfg['tables_from']}: tables_from trains "
+                         f"nothing, so there are no runs to save: drop one of them")
+    if cfg['save_runs']:  # now, not after the training whose runs it is to keep
+        folder = os.path.dirname(cfg['save_runs']) or '.'
+        if not os.path.isdir(folder):
+            raise ValueError(f"save_runs={cfg['save_runs']}: there is no folder {folder} to write it in: create it "
+                             f"or name a file in an existing folder")
+        if os.path.exists(cfg['save_runs']):
+            read_results(cfg['save_runs'], 'save_runs', "the runs are merged into it: repair it or name a new file")
+    if cfg['tables_from']:
+        fix = "name a file that --save_runs wrote"
+        runs = read_results(cfg['tables_from'], 'tables_from', fix)['runs']
+        if cfg['rounding_from']:
+            read_results(cfg['rounding_from'], 'rounding_from', fix)
+        tasks, columns = table_selection(cfg)
+        if not seed_rows(cells_from_runs(runs), tasks, columns, cfg):  # else a table of its header only
+            held = (f"it holds tasks {', '.join(sorted({r['task'] for r in runs}))}; encodings (pos/dape) "
+                    f"{', '.join(sorted({r['pos'] + '/' + r['dape'] for r in runs}))}; learning rates "
+                    f"{', '.join(f'{lr:g}' for lr in sorted({r['learning_rate'] for r in runs}))}" if runs else
+                    "it holds no runs")
+            raise ValueError(f"tables_from={cfg['tables_from']} holds no run of task {', '.join(tasks)}, encoding "
+                             f"{', '.join(f'{p}/{d}' for p, d in columns)} at learning rate "
+                             f"{', '.join(f'{lr:g}' for lr in rates)}: {held}; select those with --task, --pos, "
+                             f"--dape and --learning_rate(s) (with --grid=True: --grid_tasks, --grid_pos, --grid_dape)")
+    elif cfg['out_dir'] and cfg['resume']:  # a record cut short would stop the runs midway: say so before they start
+        for t, p, d in cells:
+            for s in seeds:
+                for lr in rates:
+                    path = _run_path(dict(cfg, task=t, pos=p, dape=d, seed=s, learning_rate=lr))
+                    if os.path.exists(path):
+                        _load_run(path)
     if cfg['dtype'] not in ('auto', 'float32', 'bfloat16', 'float16'):
         raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {cfg['dtype']!r}")
     check_device(cfg['device'])
@@ -1120,7 +1196,13 @@ def main(argv=None):
         print(table)
         return table
     command = shlex.join(['python', 'che_tasks.py', *(sys.argv[1:] if argv is None else argv)])
-    return run_grid(config, command=command) if config['grid'] else run_cell(config, command=command)
+    if config['grid']:
+        return run_grid(config, command=command)
+    cell = run_cell(config, command=command)
+    if config['save_runs']:  # as run_grid saves its cells'
+        merge_runs(config['save_runs'], compact_runs({(cell['task'], cell['pos'], cell['dape']): cell}),
+                   provenance(command, torch.device(pick_device(config['device'])).type))
+    return cell
 
 
 if __name__ == '__main__':

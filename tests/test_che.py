@@ -810,7 +810,8 @@ def test_saved_runs_give_the_same_tables(tmp_path):
     cfg = configure({k: getattr(C, k) for k in C.config_keys}, args)
     # with each run's accuracy per test length, so that the tables per length come from the file too
     assert runs[0]['per_length'] == cells[('bucket_sort', 'alibi', 'none')]['runs'][0]['per_length']
-    assert C.main(args + [f'--tables_from={saved}']) == (
+    # the same options without save_runs, which tables_from refuses (it trains nothing to save)
+    assert C.main([a for a in args if not a.startswith('--save_runs=')] + [f'--tables_from={saved}']) == (
         C.seeds_table(cells, ['bucket_sort'], C.grid_columns(cfg), cfg) + '\n\nPer test length:\n\n'
         + C.length_tables(cells, ['bucket_sort'], C.grid_columns(cfg), cfg))
 
@@ -1053,3 +1054,113 @@ def test_pearson_and_the_side_ahead_ignore_rounding():
     c = common.compare_means(a, [51.56, 0.79, 49.73, 52.79, 11.0], bounds=(0, 100))
     assert c['diff'] == 0.0 and common.verdict(c) == 'level'
     assert common.verdict(common.compare_means(a, [v - 0.01 for v in a], bounds=(0, 100))) == 'ahead'
+
+
+def _fake_cell_run(cfg, log=print, command='unknown'):
+    """_fake_run with the task and encoding a results file files it under."""
+    return dict(_fake_run(cfg), task=cfg['task'], pos=cfg['pos'], dape=cfg['dape'])
+
+
+def test_save_runs_keeps_a_single_cells_runs(tmp_path, monkeypatch):
+    """--save_runs without --grid merges the cell's runs into the file, as a grid's are."""
+    monkeypatch.setattr(C, 'run_one', _fake_cell_run)
+    path = tmp_path / 'runs.json'
+    C.main(['--task=bucket_sort', '--pos=alibi', '--seeds=0,1', '--out_dir=', '--device=cpu', f'--save_runs={path}'])
+    runs = json.loads(path.read_text())['runs']
+    assert [(r['task'], r['pos'], r['dape'], r['seed'], r['source']) for r in runs] == [
+        ('bucket_sort', 'alibi', 'none', 0, 'run'), ('bucket_sort', 'alibi', 'none', 1, 'run')]
+    assert runs[0]['command'].startswith('python che_tasks.py --task=bucket_sort')
+
+
+def test_save_runs_with_tables_from_is_refused():
+    """tables_from trains nothing: a save_runs beside it would be silently ignored."""
+    with pytest.raises(ValueError, match=r'save_runs=x\.json with tables_from=y\.json: .*drop one of them'):
+        C.check_config(_cfg(save_runs='x.json', tables_from='y.json'))
+
+
+def _trains_nothing(cfg, log=print, command='unknown'):
+    raise AssertionError('trained before the save_runs file was checked')
+
+
+def test_a_bad_save_runs_file_fails_before_training_and_is_left_as_it_was(tmp_path, monkeypatch):
+    """A missing folder, a file that is not JSON and a JSON file that is not a results file (a passkey file holds
+    'rows') are refused before any run trains, each in one line naming the file; the file is not touched."""
+    monkeypatch.setattr(C, 'run_one', _trains_nothing)
+    grid = ['--grid=True', '--grid_tasks=bucket_sort', '--grid_pos=alibi', '--grid_dape=none', '--out_dir=',
+            '--device=cpu']
+    missing = tmp_path / 'no_such_folder' / 'x.json'
+    with pytest.raises(ValueError, match=f"save_runs={missing}: there is no folder .*no_such_folder to write it in"):
+        C.main(grid + [f'--save_runs={missing}'])
+    assert not missing.parent.exists()
+    for text, message in (('{"runs": [{"task": "bucket', 'cannot be read as JSON'),
+                          ('{"rows": []}', 'is not a che_tasks results file'),
+                          ('{"runs": [{"seed": 0}]}', 'is not a che_tasks results file')):
+        path = tmp_path / 'runs.json'
+        path.write_text(text)
+        with pytest.raises(ValueError, match=f"save_runs={path} {message}.*repair it or name a new file"):
+            C.main(grid + [f'--save_runs={path}'])
+        assert path.read_text() == text
+    # a results file, or none yet, passes
+    path.write_text('{"runs": []}')
+    C.check_config(_cfg(save_runs=str(path)))
+    C.check_config(_cfg(save_runs=str(tmp_path / 'new.json')))
+
+
+def test_tables_from_names_a_missing_or_bad_file_and_what_a_file_holds(tmp_path):
+    """tables_from (and rounding_from) on a file that is not there or not JSON: one line naming it; options that
+    select no run of the file: one line saying what was asked and what the file holds, not a table's header."""
+    missing = tmp_path / 'none.json'
+    with pytest.raises(ValueError, match=f"tables_from={missing}: no such file"):
+        C.check_config(_cfg(tables_from=str(missing)))
+    bad = tmp_path / 'bad.json'
+    bad.write_text('{"runs": [')
+    with pytest.raises(ValueError, match=f"tables_from={bad} cannot be read as JSON"):
+        C.check_config(_cfg(tables_from=str(bad)))
+    path = tmp_path / 'runs.json'
+    cells = {('bucket_sort', 'alibi', d): _cell('bucket_sort', 'alibi', d, [(0, 80.0, 70.0)]) for d in ('none', 'v1')}
+    for (t, p, d), c in cells.items():
+        for r in c['runs']:
+            r.update(task=t, pos=p, dape=d)
+    C.merge_runs(str(path), C.compact_runs(cells))
+    with pytest.raises(ValueError, match=f"rounding_from={missing}: no such file"):
+        C.check_config(_cfg(task='bucket_sort', pos='alibi', learning_rate=1e-3, tables_from=str(path),
+                            rounding_from=str(missing)))
+    with pytest.raises(ValueError, match=r"holds no run of task bucket_sort, encoding alibi/none at learning rate "
+                                         r"0\.0003: it holds tasks bucket_sort; encodings \(pos/dape\) alibi/none, "
+                                         r"alibi/v1; learning rates 0\.001; select those"):
+        C.check_config(_cfg(task='bucket_sort', pos='alibi', tables_from=str(path)))
+    C.check_config(_cfg(task='bucket_sort', pos='alibi', learning_rate=1e-3, tables_from=str(path)))
+
+
+def test_resume_names_a_run_record_cut_short(tmp_path):
+    """A truncated run record in out_dir/runs/: one line naming it and the two ways on, before anything trains
+    (check_config) and where run_one reads it; the record is left for the user to delete."""
+    cfg = _cfg(task='bucket_sort', pos='alibi', seeds='0,1', out_dir=str(tmp_path), resume=True)
+    path = C._run_path(dict(cfg, seed=1))
+    os.makedirs(os.path.dirname(path))
+    with open(path, 'w') as f:
+        f.write('{"task": "bucket_sort", "score"')
+    message = f"resume=True reuses {path}, which is not whole JSON .*delete it .*or pass --resume=False"
+    with pytest.raises(ValueError, match=message):
+        C.check_config(cfg)
+    with pytest.raises(ValueError, match=message):
+        C.run_one(dict(cfg, seed=1), log=lambda *a: None)
+    assert open(path).read() == '{"task": "bucket_sort", "score"'
+    C.check_config(dict(cfg, resume=False))  # which trains the run again over it
+
+
+def test_mqar_beyond_its_keys_names_eval_max_len():
+    with pytest.raises(ValueError, match=r"eval_max_len=257: mqar needs 1 <= N <= 256 .*lower --eval_max_len"):
+        C.check_config(_cfg(task='mqar', eval_max_len=257))
+
+
+def test_retrieval_tasks_are_at_positions_0_to_T_minus_1_by_their_configs():
+    """The retrieval configs set rand_pos=False (docs/retrieval.md); the runner's default, rand_pos=True, draws
+    randomized positions for a retrieval task as for CHE, and the module's docstring says so."""
+    for name in ('flip_flop', 'mqar'):
+        cfg = configure({k: getattr(C, k) for k in C.config_keys}, [os.path.join(ROOT, 'config', f'{name}_cpu.py')])
+        assert not C.build_model(C.TASKS[name], dict(cfg, pos='rope'), config_only=True).rand_pos
+        assert C.build_model(C.TASKS[name], _cfg(task=name, pos='rope'), config_only=True).rand_pos
+    doc = ' '.join(C.__doc__.split())
+    assert 'at positions 0..T-1 as its configs set it (rand_pos=False; the runner\'s default, rand_pos=True, ' \
+           'draws randomized positions for any task)' in doc
