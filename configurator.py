@@ -16,8 +16,9 @@ applies, in order: the defaults, then each config file, then each --key=value.
 Rules
 - A config file is a Python file (a bare argument, any number of them, applied in order). It is exec'd
   with the current config visible as variables, so `max_iters = 2 * warmup_iters` works. Every name it
-  leaves behind that does not start with '_' (modules, functions and classes excepted) must be a known
-  key: a config file that sets an unknown key is an error, like a mistyped --key.
+  leaves behind that does not start with '_' (modules and callables excepted: functions, classes, and
+  builtins such as `from math import sqrt`) must be a known key: a config file that sets an unknown key
+  is an error, like a mistyped --key.
 - --key=value: the value is parsed with ast.literal_eval, and kept as the raw string when that fails
   (`--pos=kerple` is the string 'kerple'). For a str default the raw text is always taken, so
   `--wandb_run_name=123` is '123'. `--flag` alone means `--flag=True`.
@@ -79,19 +80,24 @@ def _check_type(key, value, default, source):
                       f"{default!r}, got {type(value).__name__} {value!r}")
 
 
+# what ast.literal_eval raises on text that is no literal: also TypeError ({[1]: 2}, an unhashable key) and
+# MemoryError/RecursionError (text nested too deep)
+NOT_A_LITERAL = (ValueError, SyntaxError, TypeError, MemoryError, RecursionError)
+
+
 def _parse_value(text, default):
     if isinstance(default, str):
         # a str key takes the raw text, unless it is quoted
         try:
             v = ast.literal_eval(text)
             return v if isinstance(v, str) else text
-        except (ValueError, SyntaxError):
+        except NOT_A_LITERAL:
             return text
     if isinstance(default, bool) and text.lower() in ('true', 'false'):
         return text.lower() == 'true'
     try:
         return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
+    except NOT_A_LITERAL:
         return text
 
 
@@ -119,7 +125,7 @@ def _apply_file(config, path):
         raise ConfigError(f"error while running config file '{path}': {type(e).__name__}: {e}") from e
     overrides = {}
     for k, v in namespace.items():
-        if k.startswith('_') or isinstance(v, (types.ModuleType, types.FunctionType, type)):
+        if k.startswith('_') or isinstance(v, types.ModuleType) or callable(v):
             continue
         if k not in config:
             raise _unknown(k, config, f"config file '{path}'")

@@ -20,6 +20,7 @@ all processes; each of the world_size processes runs gradient_accumulation_steps
 so one step sees batch_size * gradient_accumulation_steps sequences whatever the number of GPUs.
 """
 import dataclasses
+import json
 import math
 import os
 import random
@@ -33,7 +34,8 @@ import torch
 
 import dape_paths
 import passkey
-from common import autocast, check_dataset, machine_text, pick_dtype, provenance, read_checkpoint_file
+from common import (InputError, autocast, check_dataset, machine_text, pick_dtype, provenance,
+                    read_checkpoint_file)
 from configurator import ConfigError, check_device, config_defaults, configure, update_config
 from model import GPT, GPTConfig, normalisation
 from positional import ENCODINGS
@@ -121,6 +123,10 @@ def check_config(cfg):
         if getattr(cfg, k) not in allowed:
             raise ConfigError(f"{k} must be one of {', '.join(allowed)}; got {getattr(cfg, k)!r}")
     check_device(cfg.device)
+    if cfg.backend == 'nccl' and (cfg.device == 'cpu' or not torch.cuda.is_available()):
+        where = "--device=cpu" if cfg.device == 'cpu' else "no CUDA device is available"
+        raise ConfigError(f"backend=nccl needs CUDA GPUs, but {where}; use --backend=gloo (or auto: nccl on GPU, "
+                          f"gloo on CPU)")
     model_args = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(GPTConfig)}
     try:  # the model options, before reading data (vocab_size comes from meta.json when 0)
         GPTConfig(**{**model_args, 'vocab_size': cfg.vocab_size or 1})
@@ -197,10 +203,17 @@ def read_checkpoint(path, cfg):
         raise FileNotFoundError(f"init_from='resume' but {path} does not exist; train from scratch first "
                                 f"(--init_from=scratch) or set --out_dir")
     try:  # all that resuming needs
-        return read_checkpoint_file(path, ('model', 'optimizer', 'model_args', 'iter_num', 'best_val_loss', 'rng'))
+        ckpt = read_checkpoint_file(path, ('model', 'optimizer', 'model_args', 'iter_num', 'best_val_loss', 'rng'))
     except ValueError as e:
         raise CheckpointError(f"{e}. It cannot be resumed and was left as it is; train into another "
                               f"--out_dir") from e
+    # an option of a newer model.py: resuming without it would train, and save, another model than the file's
+    unknown = sorted(set(ckpt['model_args']) - {f.name for f in dataclasses.fields(GPTConfig)})
+    if unknown:
+        raise CheckpointError(f"{path} has model options this model.py does not know: {unknown}. It cannot be "
+                              f"resumed and was left as it is; resume it with the code that wrote it, or train "
+                              f"into another --out_dir")
+    return ckpt
 
 
 def resumed_model_args(saved, config, path):
@@ -350,9 +363,13 @@ def train(config=None, command='unknown (train.train called in a process of its 
 
     # -- data ----------------------------------------------------------------------------------------
     data_dir = os.path.join(cfg.data_root, cfg.dataset)
-    meta, data_dtype = check_dataset(data_dir, cfg.dataset)
-    if master:  # only now: a run that cannot start leaves no empty out_dir behind
-        os.makedirs(cfg.out_dir, exist_ok=True)
+    try:
+        meta, data_dtype = check_dataset(data_dir, cfg.dataset)
+    except json.JSONDecodeError as e:
+        raise InputError(f"{data_dir}/meta.json is not valid JSON ({e}); rebuild the dataset with "
+                         f"`python data/{cfg.dataset}/prepare.py`") from None
+    except ValueError as e:  # its message names the file and the prepare command
+        raise InputError(str(e)) from None
     get_batch = batch_reader(cfg, data_dir, data_dtype, device)
     data_gen = torch.Generator().manual_seed(cfg.seed + rank)  # training batches; its state is checkpointed
     batch_state = [data_gen.get_state()]  # state before the latest training batch was drawn
@@ -372,9 +389,21 @@ def train(config=None, command='unknown (train.train called in a process of its 
         config.update({k: v for k, v in model_args.items() if k != 'vocab_size'})  # what the run really is
         check_dape_impl(SimpleNamespace(**config), device, ptdtype, cfg.compile)
         iter_num, best_val_loss = small['iter_num'], small['best_val_loss']
+    if model_args['vocab_size'] < meta['vocab_size'] and cfg.init_from == 'resume':
+        own = f" (--dataset={small['dataset']})" if small.get('dataset') else ''
+        raise ConfigError(f"the checkpoint's vocabulary ({model_args['vocab_size']}) cannot hold dataset "
+                          f"'{cfg.dataset}''s {meta['vocab_size']} tokens (meta.json); resume on its own dataset{own} "
+                          f"or train a new model into another --out_dir")
     if model_args['vocab_size'] < meta['vocab_size']:
         raise ConfigError(f"vocab_size={model_args['vocab_size']} is smaller than dataset '{cfg.dataset}''s "
-                         f"{meta['vocab_size']} (meta.json); leave vocab_size=0 to take the dataset's")
+                          f"{meta['vocab_size']} (meta.json); leave vocab_size=0 to take the dataset's")
+    for split in ('train', 'val'):  # every batch, training's and evaluation's, is block_size + 1 tokens long
+        n = os.path.getsize(os.path.join(data_dir, f'{split}.bin')) // data_dtype.itemsize
+        if n <= model_args['block_size']:
+            raise ConfigError(f"{data_dir}/{split}.bin has {n} tokens, fewer than block_size+1 = "
+                              f"{model_args['block_size'] + 1}; lower --block_size or prepare more data")
+    if master:  # only now: a run that cannot start leaves no empty out_dir behind
+        os.makedirs(cfg.out_dir, exist_ok=True)
 
     torch.manual_seed(cfg.seed)  # the same initial weights in every process (FSDP shards them as they are)
     gptconf = GPTConfig(**model_args)
@@ -442,6 +471,9 @@ def train(config=None, command='unknown (train.train called in a process of its 
         ckpt = small = None  # free memory
         if master:
             print(f"resumed from {ckpt_path} at iteration {iter_num} (best val loss {best_val_loss:.4f})")
+        if iter_num >= cfg.max_iters and not cfg.eval_only and master:
+            print(f"note: the checkpoint is already at iteration {iter_num} >= max_iters={cfg.max_iters}, so "
+                  f"nothing is trained; to train further, resume with a larger --max_iters (above {iter_num})")
 
     if cfg.compile:
         if master:
@@ -465,15 +497,18 @@ def train(config=None, command='unknown (train.train called in a process of its 
         stream (resume stays exact) and every evaluation sees the same batches."""
         out = {}
         model.eval()
-        for i, split in enumerate(('train', 'val')):
-            gen = torch.Generator().manual_seed(cfg.seed + 7777 + 31 * rank + i)
-            losses = torch.zeros(cfg.eval_iters)
-            for k in range(cfg.eval_iters):
-                X, Y = get_batch(split, gen, gptconf.block_size)
-                with ctx:
-                    _, loss = model(X, Y)
-                losses[k] = loss.item()
-            out[split] = all_mean(losses.mean().item())
+        # rand_pos_eval draws positions from the global RNG: forked, so that they too leave the training
+        # stream where it was (a checkpoint saved after an evaluation holds the state from before it)
+        with torch.random.fork_rng(devices=[torch.device(device)] if device_type == 'cuda' else []):
+            for i, split in enumerate(('train', 'val')):
+                gen = torch.Generator().manual_seed(cfg.seed + 7777 + 31 * rank + i)
+                losses = torch.zeros(cfg.eval_iters)
+                for k in range(cfg.eval_iters):
+                    X, Y = get_batch(split, gen, gptconf.block_size)
+                    with ctx:
+                        _, loss = model(X, Y)
+                    losses[k] = loss.item()
+                out[split] = all_mean(losses.mean().item())
         model.train()
         return out
 
@@ -526,7 +561,7 @@ def train(config=None, command='unknown (train.train called in a process of its 
                                'lr': lr, 'mfu': running_mfu * 100})
             if not math.isfinite(losses['val']):
                 raise NonFiniteLossError(f"validation loss is {losses['val']} at iteration {iter_num}; "
-                                         f"{ckpt_path} keeps the last good state")
+                                         f"{kept(ckpt_path)}")
             if losses['val'] < best_val_loss or cfg.always_save_checkpoint:
                 best_val_loss = min(best_val_loss, losses['val'])
                 if iter_num > 0 and not cfg.eval_only:
@@ -552,7 +587,7 @@ def train(config=None, command='unknown (train.train called in a process of its 
         if not math.isfinite(lossf):
             raise NonFiniteLossError(
                 f"loss is {lossf} at iteration {iter_num} (lr {lr:.2e}): stopping before the update; "
-                f"{ckpt_path} keeps the last good checkpoint. Try a lower learning_rate or longer "
+                f"{kept(ckpt_path)}. Try a lower learning_rate or longer "
                 f"warmup_iters, dtype='bfloat16' instead of float16, a smaller grad_clip, or check the data.")
         if cfg.grad_clip != 0.0:
             scaler.unscale_(optimizer)
@@ -577,6 +612,13 @@ def train(config=None, command='unknown (train.train called in a process of its 
 
     return {'iter_num': iter_num, 'best_val_loss': best_val_loss, 'losses': losses_seen, 'evals': evals,
             'model': raw_model}
+
+
+def kept(ckpt_path):
+    """What a run stopped by a non-finite loss leaves behind, for its error message."""
+    if os.path.exists(ckpt_path):
+        return f"{ckpt_path} keeps the last good checkpoint"
+    return f"no checkpoint had been saved yet (the next would have gone to {ckpt_path})"
 
 
 def reports_errors():
@@ -605,7 +647,7 @@ def main(argv=None):
             exit_after_reporter(2)
         print(f"config error: {e}", file=sys.stderr)
         sys.exit(2)
-    except (NonFiniteLossError, CheckpointError, FileNotFoundError) as e:
+    except (NonFiniteLossError, CheckpointError, FileNotFoundError, InputError) as e:
         if not reports_errors():
             exit_after_reporter(1)
         sys.exit(f"error: {e}")

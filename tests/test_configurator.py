@@ -27,6 +27,14 @@ def test_int_accepted_for_float_and_str_takes_raw_text():
     assert cfg['wandb_run_name'] == '123' and cfg['out_dir'] == 'a b'
 
 
+def test_text_that_literal_eval_cannot_take_is_raw_text_or_a_type_error():
+    # not only ValueError/SyntaxError: an unhashable dict key is a TypeError, deep nesting a MemoryError
+    for text in ('{[1]: 2}', '-' * 10000 + '1'):
+        assert configure(DEFAULTS, [f'--wandb_run_name={text}'])['wandb_run_name'] == text
+        with pytest.raises(ConfigError, match="'max_iters'.*must be int"):
+            configure(DEFAULTS, [f'--max_iters={text}'])
+
+
 def test_bool_spellings():
     assert configure(DEFAULTS, ['--compile'])['compile'] is True
     assert configure(DEFAULTS, ['--compile=true'])['compile'] is True
@@ -62,6 +70,14 @@ def test_config_file_applied_in_order_and_sees_defaults(tmp_path):
     cfg = configure(DEFAULTS, [str(f), '--max_iters=5'])
     assert cfg['pos'] == 'alibi' and cfg['max_iters'] == 5 and cfg['learning_rate'] == 1.0
     assert configure(DEFAULTS, [str(f)])['max_iters'] == 200
+
+
+def test_config_file_may_import_builtin_functions(tmp_path):
+    # `from math import sqrt` leaves a builtin function, not a types.FunctionType, behind: not a key either
+    f = tmp_path / 'c.py'
+    f.write_text("from math import sqrt\nimport os.path\nfrom functools import partial\n"
+                 "learning_rate = sqrt(4) * 1e-3\n_half = partial(max, 0)\n")
+    assert configure(DEFAULTS, [str(f)])['learning_rate'] == 2e-3
 
 
 def test_config_file_errors(tmp_path):

@@ -97,9 +97,11 @@ def test_uint16_dataset(tmp_path):
     assert res['model'].config.vocab_size == 1024 and all(math.isfinite(x) for x in res['losses'])
 
 
-def test_resume_equals_uninterrupted(data_root, tmp_path):
-    # dropout and randomized positions use the torch RNG, batches the data generator: all must resume
-    kw = dict(dropout=0.1, pos='rope', rand_pos=True, eval_interval=5, max_iters=10)
+@pytest.mark.parametrize('rand_pos_eval', [False, True])
+def test_resume_equals_uninterrupted(data_root, tmp_path, rand_pos_eval):
+    # dropout and randomized positions use the torch RNG, batches the data generator: all must resume;
+    # with rand_pos_eval the evaluations draw positions too, and must not move the training's RNG
+    kw = dict(dropout=0.1, pos='rope', rand_pos=True, rand_pos_eval=rand_pos_eval, eval_interval=5, max_iters=10)
     full = run(data_root, tmp_path / 'a', **kw)
     first = run(data_root, tmp_path / 'b', **{**kw, 'max_iters': 5})
     rest = run(data_root, tmp_path / 'b', **kw, init_from='resume')
@@ -112,6 +114,17 @@ def test_resume_equals_uninterrupted(data_root, tmp_path):
     ck = torch.load(str(tmp_path / 'b' / 'ckpt.pt'), weights_only=True)
     assert ck['iter_num'] == 10 and ck['config']['max_iters'] == 10
     assert not any(k.startswith(('module.', '_orig_mod.')) for k in ck['model'])
+
+
+def test_resume_past_max_iters_says_so(data_root, tmp_path, capsys):
+    out = tmp_path / 'out'
+    run(data_root, out, max_iters=4, eval_interval=2)
+    res = run(data_root, out, max_iters=3, eval_interval=2, init_from='resume')
+    assert res['iter_num'] == 4 and res['losses'] == []
+    assert ("note: the checkpoint is already at iteration 4 >= max_iters=3, so nothing is trained; to train "
+            "further, resume with a larger --max_iters (above 4)") in capsys.readouterr().out
+    run(data_root, out, max_iters=6, eval_interval=2, init_from='resume')
+    assert 'note: the checkpoint is already' not in capsys.readouterr().out
 
 
 def test_log_and_checkpoint_name_the_machine(data_root, tmp_path, capsys, monkeypatch):
@@ -205,6 +218,19 @@ def test_non_finite_loss_stops_and_keeps_checkpoint(data_root, tmp_path, monkeyp
     assert ck['iter_num'] == 2 and all(torch.isfinite(v).all() for v in ck['model'].values())
 
 
+@pytest.mark.parametrize('eval_interval, where', [(100, 'loss is'), (1, 'validation loss is')])
+def test_non_finite_loss_from_scratch_names_no_checkpoint(data_root, tmp_path, eval_interval, where):
+    # diverged before any checkpoint was saved: the message must not send the user to a file that is not there
+    out = tmp_path / 'out'
+    with pytest.raises(SystemExit) as e:
+        train.main([f'--{k}={v}' for k, v in TINY.items()] +
+                   ['--dataset=tiny', f'--data_root={data_root}', f'--out_dir={out}', '--learning_rate=1e30',
+                    f'--eval_interval={eval_interval}'])
+    msg = str(e.value.code)
+    assert msg.startswith(f'error: {where} nan at iteration 1') and 'no checkpoint had been saved yet' in msg, msg
+    assert 'keeps the last good' not in msg and not os.path.exists(out / 'ckpt.pt')
+
+
 def test_data_errors_name_the_prepare_command(tmp_path):
     root = str(tmp_path / 'data')
     with pytest.raises(FileNotFoundError, match=r'python data/nope/prepare\.py'):
@@ -227,6 +253,44 @@ def test_data_errors_name_the_prepare_command(tmp_path):
         train.train(TINY, dataset='tiny', data_root=root, out_dir=str(tmp_path / 'o'), vocab_size=32)
     with pytest.raises(FileNotFoundError, match=r'ckpt\.pt does not exist'):
         train.train(TINY, dataset='tiny', data_root=root, out_dir=str(tmp_path / 'o'), init_from='resume')
+
+
+def test_data_errors_are_one_line_and_leave_no_out_dir(tmp_path, capsys):
+    """Data that cannot serve the run: block_size beyond a split, a meta.json that is not JSON, a stale
+    file. main() prints one line naming the file and the fix, and out_dir is not made."""
+    root, out = str(tmp_path / 'data'), tmp_path / 'o'
+    d = make_dataset(root, 'tiny')  # train 6000 tokens, val 1200
+    args = [f'--{k}={v}' for k, v in TINY.items()] + ['--dataset=tiny', f'--data_root={root}', f'--out_dir={out}']
+    with pytest.raises(SystemExit) as e:
+        train.main(args + ['--block_size=1500'])
+    assert e.value.code == 2 and not os.path.exists(out)
+    err = capsys.readouterr().err
+    assert err == (f"config error: {d}/val.bin has 1200 tokens, fewer than block_size+1 = 1501; lower "
+                   f"--block_size or prepare more data\n"), err
+    np.zeros(10, dtype=np.uint8).tofile(os.path.join(d, 'val.bin'))  # stale: meta.json says 1200
+    with pytest.raises(SystemExit) as e:
+        train.main(args)
+    assert str(e.value.code).startswith(f'error: {d}/val.bin holds 10 tokens but meta.json says 1200')
+    with open(os.path.join(d, 'meta.json'), 'w') as f:
+        f.write('{"vocab_size": 64,')  # cut short
+    with pytest.raises(SystemExit) as e:
+        train.main(args)
+    msg = str(e.value.code)
+    assert msg.startswith(f'error: {d}/meta.json is not valid JSON (') and msg.endswith(
+        'rebuild the dataset with `python data/tiny/prepare.py`'), msg
+    assert not os.path.exists(out)
+
+
+def test_resume_on_a_larger_vocabulary_says_what_to_do(data_root, tmp_path):
+    out = tmp_path / 'out'
+    run(data_root, out, max_iters=2, eval_interval=2)
+    make_dataset(data_root, 'big', vocab=200)
+    good = (out / 'ckpt.pt').read_bytes()
+    with pytest.raises(ConfigError) as e:
+        train.train(TINY, dataset='big', data_root=data_root, out_dir=str(out), max_iters=4, init_from='resume')
+    assert str(e.value) == ("the checkpoint's vocabulary (64) cannot hold dataset 'big''s 200 tokens (meta.json); "
+                            "resume on its own dataset (--dataset=tiny) or train a new model into another --out_dir")
+    assert (out / 'ckpt.pt').read_bytes() == good
 
 
 def test_a_checkpoint_is_never_overwritten_or_misread(data_root, tmp_path):
@@ -259,6 +323,21 @@ def test_a_checkpoint_is_never_overwritten_or_misread(data_root, tmp_path):
         run(data_root, out, max_iters=4, init_from='resume')
 
 
+def test_resume_refuses_model_options_it_does_not_know(data_root, tmp_path):
+    # a checkpoint from a newer model.py: resuming without its option would train and save another model
+    out = tmp_path / 'out'
+    run(data_root, out, max_iters=2, eval_interval=2)
+    path = out / 'ckpt.pt'
+    ck = torch.load(str(path), weights_only=True)
+    ck['model_args']['future_opt'] = 7
+    torch.save(ck, str(path))
+    good = path.read_bytes()
+    with pytest.raises(train.CheckpointError, match=r"ckpt\.pt has model options this model\.py does not know: "
+                                                    r"\['future_opt'\]\. It cannot be resumed"):
+        run(data_root, out, max_iters=4, eval_interval=2, init_from='resume')
+    assert path.read_bytes() == good
+
+
 @pytest.mark.parametrize('option, message', [
     (dict(gradient_accumulation_steps=0), "gradient_accumulation_steps must be >= 1, got 0"),
     (dict(eval_iters=0), "eval_iters must be >= 1"),
@@ -268,6 +347,7 @@ def test_a_checkpoint_is_never_overwritten_or_misread(data_root, tmp_path):
     (dict(init_from='continue'), "init_from must be one of scratch, resume; got 'continue'"),
     (dict(dtype='float64'), "dtype must be one of auto, float32, bfloat16, float16"),
     (dict(device='tpu'), "--device=tpu is not a device: use auto, cpu, cuda or cuda:N"),
+    (dict(backend='nccl'), "backend=nccl needs CUDA GPUs, but --device=cpu; use --backend=gloo (or auto"),
     (dict(pos='rotary'), "unknown pos='rotary'"),
     (dict(dape='v2', dape_kernel=4), "dape_kernel must be odd"),
 ])
@@ -282,6 +362,17 @@ def test_bad_options_fail_before_anything_runs(tmp_path, option, message):
     p = subprocess.run([sys.executable, 'train.py'] + args, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and p.stderr.startswith('config error:') and len(p.stderr.splitlines()) == 1, p.stderr
     assert not os.path.exists(tmp_path / 'o')
+
+
+def test_nccl_backend_needs_cuda(monkeypatch):
+    # under torchrun, init_process_group('nccl') without CUDA is a traceback from every process
+    cfg = lambda **kw: train.SimpleNamespace(**{**train.DEFAULTS, **kw})
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    with pytest.raises(ConfigError, match=r"backend=nccl needs CUDA GPUs, but no CUDA device is available; "
+                                          r"use --backend=gloo"):
+        train.check_config(cfg(backend='nccl'))
+    train.check_config(cfg(backend='gloo'))
+    train.check_config(cfg(backend='auto'))
 
 
 def test_forcing_the_fused_kernel_where_it_cannot_run_is_one_line(tmp_path):
