@@ -76,7 +76,9 @@ def autocast(device, dtype):
 
 def read_checkpoint_file(path, keys=('model', 'model_args'), device='cpu'):
     """torch.load a train.py checkpoint file, checked: an unreadable file, or one without all of `keys`,
-    is a ValueError naming it (the file is only read)."""
+    is a ValueError naming it (the file is only read). Whether its weights fit its model_args is checked
+    against the model the caller builds from them (check_weights): building one here would double the memory
+    of a large model's resume."""
     try:
         ckpt = torch.load(path, map_location=device, weights_only=True)
     except Exception as e:
@@ -86,6 +88,35 @@ def read_checkpoint_file(path, keys=('model', 'model_args'), device='cpu'):
     if missing:
         raise ValueError(f"{path} is not a train.py checkpoint: it lacks {missing}")
     return ckpt
+
+
+def unwrapped(state):
+    """A state dict under the model's own names: torch.compile and DDP wrap them; the model does not."""
+    out = {}
+    for k, v in state.items():
+        for prefix in ('_orig_mod.', 'module.'):
+            k = k[len(prefix):] if k.startswith(prefix) else k
+        out[k] = v
+    return out
+
+
+def check_weights(path, state, model):
+    """A ValueError naming the file unless its state dict holds exactly the model's tensors, in their shapes:
+    a file edited by hand or mixed up with another run's would otherwise stop load_state_dict with a traceback
+    (a size mismatch), or leave some weights at their random init."""
+    if not isinstance(state, dict):
+        raise ValueError(f"{path} holds no weights (its 'model' is a {type(state).__name__}, not a state dict): "
+                         f"retrain it, or use another checkpoint")
+    state, expected = unwrapped(state), model.state_dict()
+    wrong = [f"{k} is {tuple(v.shape) if torch.is_tensor(v) else type(v).__name__}, not {tuple(expected[k].shape)}"
+             for k, v in state.items() if k in expected and not (torch.is_tensor(v) and v.shape == expected[k].shape)]
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    if wrong or missing or unexpected:
+        found = [f"{what}: {', '.join(names[:3])}" + (', ...' if len(names) > 3 else '') for what, names in
+                 (('shape', wrong), ('missing', missing), ('unexpected', unexpected)) if names]
+        raise ValueError(f"{path} does not match its own model_args ({'; '.join(found)}): "
+                         f"retrain it, or use another checkpoint")
 
 
 def load_checkpoint(path, device='cpu'):
@@ -101,15 +132,8 @@ def load_checkpoint(path, device='cpu'):
     if unknown:
         raise ValueError(f"{path} has model options this model.py does not know: {sorted(unknown)}")
     model = GPT(GPTConfig(**ckpt['model_args']))
-    state = {}
-    for k, v in ckpt['model'].items():  # torch.compile and DDP wrap names; the model does not
-        for prefix in ('_orig_mod.', 'module.'):
-            k = k[len(prefix):] if k.startswith(prefix) else k
-        state[k] = v
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise ValueError(f"{path} does not match its own model_args: missing {missing[:5]}, "
-                         f"unexpected {unexpected[:5]}")
+    check_weights(path, ckpt['model'], model)
+    model.load_state_dict(unwrapped(ckpt['model']))
     return model.to(device), ckpt
 
 

@@ -102,13 +102,19 @@ def check_options(cfg):
 
 
 def read_prompt(text):
-    if text.startswith('FILE:'):
-        path = text[5:]
-        if not os.path.isfile(path):
-            raise InputError(f"prompt file {path!r} not found")
+    if not text.startswith('FILE:'):
+        return text
+    path = text[5:]
+    if not os.path.isfile(path):
+        raise InputError(f"prompt file {path!r} not found")
+    try:
         with open(path, 'r', encoding='utf-8') as f:
             return f.read()
-    return text
+    except UnicodeDecodeError as e:
+        raise InputError(f"prompt file {path!r} is not UTF-8 text ({e.reason} at byte {e.start}): "
+                         f"save it as UTF-8") from None
+    except OSError as e:
+        raise InputError(f"cannot read prompt file {path!r}: {e.strerror}") from None
 
 
 def sample(cfg, path):
@@ -123,6 +129,11 @@ def sample(cfg, path):
     ctx = autocast(dev, pick_dtype(cfg['dtype'], dev))
     model, ckpt = load_run(path, dev)
     tok = tokenizer_for(ckpt, model, cfg['data_dir'])
+    if model.config.rand_pos_eval:
+        # its positions are drawn afresh at every forward, so the one-token steps of generate would fail
+        model.config.rand_pos_eval = False
+        print("(generating at positions 0, 1, 2, ... as with rand_pos_eval=False: the model's random "
+              "evaluation positions cannot continue a KV cache)", file=sys.stderr)
     if cfg['compile']:
         model = torch.compile(model)
 
@@ -130,10 +141,13 @@ def sample(cfg, path):
     if max(ids) >= model.config.vocab_size:
         raise InputError(f"the prompt has token {max(ids)} but the model's vocabulary is {model.config.vocab_size}: "
                         f"wrong tokenizer/dataset? pass --data_dir=")
+    # generate feeds the prompt and every new token but the last (which is only sampled), at positions
+    # 0, 1, 2, ...: with no new token, nothing is fed
+    fed = len(ids) + cfg['max_new_tokens'] - 1 if cfg['max_new_tokens'] else 0
     n_pos = model.pe[0].n_positions if model.config.pos == 'learned' else None
-    if n_pos is not None and len(ids) + cfg['max_new_tokens'] > n_pos:
+    if n_pos is not None and fed > n_pos:
         raise InputError(f"pos=learned encodes {n_pos} positions: a prompt of {len(ids)} tokens leaves room for "
-                        f"{max(0, n_pos - len(ids))} new tokens, not --max_new_tokens={cfg['max_new_tokens']}")
+                        f"{max(0, n_pos - len(ids) + 1)} new tokens, not --max_new_tokens={cfg['max_new_tokens']}")
     if cfg['rope_scaling'] != 'none':  # s from the longest sequence generated, unless given
         try:
             s = set_rope_scaling(model, cfg['rope_scaling'], cfg['rope_scale'], len(ids) + cfg['max_new_tokens'])

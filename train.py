@@ -34,7 +34,7 @@ import torch
 
 import dape_paths
 import passkey
-from common import (InputError, autocast, check_dataset, machine_text, pick_dtype, provenance,
+from common import (InputError, autocast, check_dataset, check_weights, machine_text, pick_dtype, provenance,
                     read_checkpoint_file)
 from configurator import ConfigError, check_device, config_defaults, configure, update_config
 from model import GPT, GPTConfig, normalisation
@@ -408,6 +408,11 @@ def train(config=None, command='unknown (train.train called in a process of its 
     torch.manual_seed(cfg.seed)  # the same initial weights in every process (FSDP shards them as they are)
     gptconf = GPTConfig(**model_args)
     model = GPT(gptconf)
+    if cfg.init_from == 'resume' and master:  # weights that do not fit (a file edited or mixed up): named, not loaded
+        try:
+            check_weights(ckpt_path, ckpt['model'], model)
+        except ValueError as e:
+            raise CheckpointError(f"{e}. It cannot be resumed and was left as it is") from None
     flops_per_token = model.flops_per_token(gptconf.block_size)
     tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * gptconf.block_size
     # what computed the run: the same seed on another CPU model, kernel set or torch rounds differently, and

@@ -539,6 +539,28 @@ def test_load_checkpoint(tmp_path):
         load_checkpoint(str(tmp_path / "other.pt"))
 
 
+def test_weights_that_do_not_fit_model_args_are_refused(tmp_path):
+    """A readable checkpoint whose weights are not those of its model_args' model is a ValueError naming the
+    file, from load_checkpoint (sample.py, the evaluations; train.py's resume checks its own model alike), not a
+    size-mismatch traceback from loading the state dict; the file is only read."""
+    from dataclasses import asdict
+    model = tiny("kerple", "v1")
+    state = model.state_dict()
+    state["transformer.wte.weight"] = torch.zeros(40, 24)
+    path = tmp_path / "ckpt.pt"
+    torch.save({"model": state, "model_args": asdict(model.config), "optimizer": {}}, path)
+    before = path.read_bytes()
+    message = (r"ckpt\.pt does not match its own model_args \(shape: transformer\.wte\.weight is \(40, 24\), "
+               r"not \(37, 24\)\): retrain it, or use another checkpoint")
+    with pytest.raises(ValueError, match=message):
+        load_checkpoint(str(tmp_path))
+    assert path.read_bytes() == before
+    # options this model.py does not know are named too
+    torch.save({"model": state, "model_args": {**asdict(model.config), "future_opt": 1}}, path)
+    with pytest.raises(ValueError, match=r"model options this model.py does not know: \['future_opt'\]"):
+        load_checkpoint(str(path))
+
+
 @pytest.mark.skipif(not shutil.which("g++") and not shutil.which("c++"), reason="torch.compile needs a C++ compiler")
 def test_compiled_model_equals_eager():
     """torch.compile (train.py --compile=True) runs DAPE on whole maps, the path CUDA takes, where eager

@@ -177,3 +177,63 @@ def test_cli_option_errors_are_one_line(tmp_path):
                            capture_output=True, text=True, env=env, cwd=str(tmp_path))
         assert p.returncode == 2 and p.stderr.startswith('sample.py: error: ') and message in p.stderr, p.stderr
         assert p.stderr.count('\n') == 1  # one line, no traceback
+
+
+def test_a_checkpoint_that_does_not_fit_its_model_args_is_one_line(tmp_path):
+    # a readable file whose weights are not its model_args' model: an InputError naming it, not load_state_dict's
+    # "size mismatch" traceback, and the file is left as it was
+    root = str(tmp_path)
+    make_data(root, 'chars', 'byte')
+    path = os.path.join(make_ckpt(root, 'byte', 'chars'), 'ckpt.pt')
+    ck = torch.load(path, weights_only=True)
+    ck['model']['transformer.wte.weight'] = torch.zeros(300, 16)
+    torch.save(ck, path)
+    before = open(path, 'rb').read()
+    with pytest.raises(InputError, match=r"ckpt\.pt does not match its own model_args \(shape: transformer\.wte\."
+                                         r"weight is \(300, 16\), not \(256, 16\)\): retrain it, or use another "
+                                         r"checkpoint") as e:
+        S.sample(cfg(), path)
+    assert '\n' not in str(e.value) and open(path, 'rb').read() == before
+    del ck['model']['transformer.wte.weight']
+    ck['model']['transformer.extra'] = torch.zeros(1)
+    torch.save(ck, path)
+    with pytest.raises(InputError, match=r"missing: transformer\.wte\.weight; unexpected: transformer\.extra\)"):
+        S.sample(cfg(), path)
+
+
+def test_a_prompt_file_that_is_not_utf8(tmp_path):
+    root = str(tmp_path)
+    make_data(root, 'chars', 'byte')
+    ck = make_ckpt(root, 'byte', 'chars')
+    (tmp_path / 'bad.txt').write_bytes(b'ok \xff\xfeh\x00i\x00')  # UTF-16 after an ASCII start
+    with pytest.raises(InputError, match=r"prompt file '.*bad\.txt' is not UTF-8 text \(invalid start byte at "
+                                         r"byte 3\): save it as UTF-8"):
+        S.sample(cfg(start=f"FILE:{tmp_path / 'bad.txt'}"), ck)
+    with pytest.raises(InputError, match=r"prompt file '.*' not found"):  # a folder is no prompt file either
+        S.sample(cfg(start=f"FILE:{tmp_path}"), ck)
+
+
+def test_a_model_evaluated_at_random_positions_generates_at_0_1_2(tmp_path, capsys):
+    # rand_pos_eval=True draws positions afresh at every forward, which a KV cache cannot continue: sample.py
+    # generates as the same weights do with rand_pos_eval=False, and says so
+    root = str(tmp_path)
+    make_data(root, 'chars', 'byte')
+    fixed = make_ckpt(root, 'fixed', 'chars', rand_pos=True)
+    drawn = make_ckpt(root, 'drawn', 'chars', rand_pos=True, rand_pos_eval=True)  # the same weights (seeded)
+    want = S.sample(cfg(start='abc', num_samples=1, temperature=0.0), fixed)
+    assert 'rand_pos_eval' not in capsys.readouterr().err
+    assert S.sample(cfg(start='abc', num_samples=1, temperature=0.0), drawn) == want
+    assert 'generating at positions 0, 1, 2, ... as with rand_pos_eval=False' in capsys.readouterr().err
+
+
+def test_learned_positions_room_counts_the_last_token_unfed(tmp_path):
+    # generate never feeds the last sampled token: a prompt of n tokens leaves room for 16 - n + 1 new ones
+    root = str(tmp_path)
+    make_data(root, 'chars', 'byte')
+    ck = make_ckpt(root, 'learned', 'chars', pos='learned', dape='none')  # 16 positions
+    assert S.sample(cfg(start='a', num_samples=1, max_new_tokens=16), ck)[0].startswith('a')
+    assert S.sample(cfg(start='abc', num_samples=1, max_new_tokens=14), ck)[0].startswith('abc')
+    with pytest.raises(InputError, match=r"a prompt of 3 tokens leaves room for 14 new tokens, not "
+                                         r"--max_new_tokens=15"):
+        S.sample(cfg(start='abc', max_new_tokens=15), ck)
+    assert S.sample(cfg(start='x' * 20, num_samples=1, max_new_tokens=0), ck) == ['x' * 20]  # nothing fed

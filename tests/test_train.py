@@ -338,6 +338,21 @@ def test_resume_refuses_model_options_it_does_not_know(data_root, tmp_path):
     assert path.read_bytes() == good
 
 
+def test_resume_refuses_weights_that_do_not_fit_model_args(data_root, tmp_path):
+    # a file edited by hand or mixed up with another run's: named, not a size-mismatch traceback, and left as it is
+    out = tmp_path / 'out'
+    run(data_root, out, max_iters=2, eval_interval=2)
+    path = out / 'ckpt.pt'
+    ck = torch.load(str(path), weights_only=True)
+    ck['model']['transformer.wte.weight'] = torch.zeros(3, 5)
+    torch.save(ck, str(path))
+    good = path.read_bytes()
+    with pytest.raises(train.CheckpointError, match=r"ckpt\.pt does not match its own model_args \(shape: "
+                                                    r"transformer\.wte\.weight is \(3, 5\).*It cannot be resumed"):
+        run(data_root, out, max_iters=4, eval_interval=2, init_from='resume')
+    assert path.read_bytes() == good
+
+
 @pytest.mark.parametrize('option, message', [
     (dict(gradient_accumulation_steps=0), "gradient_accumulation_steps must be >= 1, got 0"),
     (dict(eval_iters=0), "eval_iters must be >= 1"),
