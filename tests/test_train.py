@@ -323,32 +323,30 @@ def test_a_checkpoint_is_never_overwritten_or_misread(data_root, tmp_path):
         run(data_root, out, max_iters=4, init_from='resume')
 
 
-def test_resume_refuses_model_options_it_does_not_know(data_root, tmp_path):
-    # a checkpoint from a newer model.py: resuming without its option would train and save another model
-    out = tmp_path / 'out'
-    run(data_root, out, max_iters=2, eval_interval=2)
-    path = out / 'ckpt.pt'
-    ck = torch.load(str(path), weights_only=True)
+def _add_future_option(ck):
     ck['model_args']['future_opt'] = 7
-    torch.save(ck, str(path))
-    good = path.read_bytes()
-    with pytest.raises(train.CheckpointError, match=r"ckpt\.pt has model options this model\.py does not know: "
-                                                    r"\['future_opt'\]\. It cannot be resumed"):
-        run(data_root, out, max_iters=4, eval_interval=2, init_from='resume')
-    assert path.read_bytes() == good
 
 
-def test_resume_refuses_weights_that_do_not_fit_model_args(data_root, tmp_path):
-    # a file edited by hand or mixed up with another run's: named, not a size-mismatch traceback, and left as it is
+def _swap_embedding(ck):
+    ck['model']['transformer.wte.weight'] = torch.zeros(3, 5)
+
+
+@pytest.mark.parametrize('edit, message', [
+    # a checkpoint from a newer model.py: resuming without its option would train and save another model
+    (_add_future_option, r"has model options this model\.py does not know: \['future_opt'\]\. It cannot be resumed"),
+    # a file edited by hand or mixed up with another run's: named, not a size-mismatch traceback
+    (_swap_embedding, r"does not match its own model_args \(shape: transformer\.wte\.weight is \(3, 5\).*"
+                      r"It cannot be resumed"),
+])
+def test_resume_refuses_a_checkpoint_unlike_its_model_and_leaves_it(data_root, tmp_path, edit, message):
     out = tmp_path / 'out'
     run(data_root, out, max_iters=2, eval_interval=2)
     path = out / 'ckpt.pt'
     ck = torch.load(str(path), weights_only=True)
-    ck['model']['transformer.wte.weight'] = torch.zeros(3, 5)
+    edit(ck)
     torch.save(ck, str(path))
     good = path.read_bytes()
-    with pytest.raises(train.CheckpointError, match=r"ckpt\.pt does not match its own model_args \(shape: "
-                                                    r"transformer\.wte\.weight is \(3, 5\).*It cannot be resumed"):
+    with pytest.raises(train.CheckpointError, match=r"ckpt\.pt " + message):
         run(data_root, out, max_iters=4, eval_interval=2, init_from='resume')
     assert path.read_bytes() == good
 
