@@ -52,6 +52,7 @@ per file (rounding_from's beside).
 """
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -64,7 +65,7 @@ import numpy as np
 from common import (ALPHA, InputError, auto_labels, autocast, checkpoints_and_config, compare_means, difference_text,
                     find_checkpoints, format_table, group_over_seeds, holds_at, holm_over, interval_text, jsonable,
                     k_of_n_text, kernels_of, load_run, load_val, mean_ci, mean_ci_text, p_text, parse_list, pearson,
-                    pick_device, pick_dtype, resolve_data_dir, rope_scaling_options, tests_caption, trained_by,
+                    pick_device, pick_dtype, resolve_data_dir, rope_scaling_options, setting_of, tests_caption, trained_by,
                     training_setting, verdict_counts)
 from configurator import ConfigError
 from passkey import DIGITS, chance_logp_per_digit, passkey_prompts, score_prompts, summarize
@@ -366,6 +367,10 @@ def evaluate(cfg, ckpt_paths):
     # 'kerple[learning_rate=0.001]', ...): the groups of the tables over seeds
     for r, setting in zip(runs, auto_labels([dict(r, data_dir=r['data_dir'] or '') for r in runs])):
         r['setting'] = setting
+        # the label tells settings apart only within this evaluation: the setting itself (the data folder by
+        # name, not by where it is) goes with each saved row, so that a later save cannot pool another with it
+        s = setting_of(dict(r, data_dir=os.path.basename(os.path.normpath(r['data_dir'] or ''))))
+        r['setting_key'] = hashlib.sha1(json.dumps(s, sort_keys=True).encode()).hexdigest()[:12]
     if scalings != ['none'] and not any(r['pos'] == 'rope' for r in runs):
         raise InputError(f"--rope_scaling={cfg['rope_scaling']} applies to RoPE models only; these have "
                          f"pos={', '.join(sorted({r['pos'] for r in runs}))}")
@@ -409,7 +414,8 @@ def evaluate(cfg, ckpt_paths):
         for kind in scalings if r['pos'] == 'rope' else ['none']:
             suffix = rope_scaling_label(kind, cfg['rope_scale'], not cfg['rope_scale'], r['block_size'])
             label = r['name'] + suffix
-            row = {'label': label, 'setting': r['setting'] + suffix, 'seed': r['seed'], 'path': r['path'],
+            row = {'label': label, 'setting': r['setting'] + suffix, 'setting_key': r['setting_key'] + suffix,
+                   'seed': r['seed'], 'path': r['path'],
                    'pos': r['pos'], 'block_size': r['block_size'],
                    'rope_scaling': kind, 'rope_scale': {}, 'depths': deps, 'trials': cfg['trials'],
                    'cells': {}, 'per_length': {}, 'samples': [], 'trained_by': r['trained_by']}
@@ -663,10 +669,19 @@ def merge_runs(path, protocol, rows):
     kept = [{'label': r['label'], 'setting': r['setting'], 'seed': r['seed'], 'block_size': r['block_size'],
              'per_length': {str(L): c if isinstance(c, str) else {'accuracy': c['accuracy'], 'logp_mean': c['logp_mean']}
                             for L, c in r['per_length'].items()}, 'source': 'run',
-             **{k: r.get('trained_by', r).get(k, 'unknown') for k in ('commit', 'command', 'machine', 'date')}}
+             **{k: r.get('trained_by', r).get(k, 'unknown') for k in ('commit', 'command', 'machine', 'date')},
+             **({'setting_key': r['setting_key']} if 'setting_key' in r else {})}
             for r in rows]
     for row in kept:
         labels = [r['label'] for r in saved['rows']]
+        for r in saved['rows']:  # rows saved before setting_key was kept are not checked
+            if 'setting_key' in r and 'setting_key' in row and r['label'] != row['label'] and \
+                    (r['setting'] == row['setting']) != (r['setting_key'] == row['setting_key']):
+                what = ("another setting under the same label" if r['setting'] == row['setting'] else
+                        "the same setting under another label")
+                raise InputError(f"--save_runs: {path} holds {r['label']} ({r['setting']}), and {row['label']} "
+                                 f"({row['setting']}) is {what}: evaluate the runs of both settings together, "
+                                 f"so that their labels tell them apart, and save them to another file")
         other = [r['label'] for r in saved['rows'] if r['label'] != row['label'] and row['seed'] is not None
                  and (r['setting'], r['seed']) == (row['setting'], row['seed'])]
         if other:  # the same run under two labels would count as two seeds

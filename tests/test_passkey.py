@@ -673,6 +673,8 @@ def test_save_runs_adds_an_evaluation_to_a_results_file(tmp_path, monkeypatch):
     assert saved['what'] == 'kept' and [r['label'] for r in saved['rows']] == ['kerple_s1', 'kerple_s3', 'kerple_s2',
                                                                              'alibi_s1']
     # where the run came from, as its checkpoint records it ('unknown' for this one, saved without the record)
+    # and its setting, which a later save of another setting under the same label is checked against
+    assert len(saved['rows'][1].pop('setting_key')) == 12
     assert saved['rows'][1] == {'label': 'kerple_s3', 'setting': 'kerple', 'seed': None, 'block_size': 48, 'source': 'run',
                                 'per_length': {'96': {'accuracy': 1.0, 'logp_mean': -0.5},
                                                '192': {'accuracy': 0.0, 'logp_mean': -0.5}},
@@ -905,6 +907,25 @@ def test_the_test_retest_settings_differ_from_passkey_cpu_in_what_they_state(tmp
                           ('passkey_cpu_2layer.py', {'n_layer': 2})]:
         cfg = configure(train.DEFAULTS, [os.path.join(ROOT, 'config', name)])
         assert {k: v for k, v in cfg.items() if base[k] != v} == changed, name
+
+
+def test_save_runs_keeps_two_settings_of_one_label_apart(tmp_path):
+    """A setting's label comes from the runs evaluated together: two trainings that differ in learning rate alone,
+    saved one command at a time, are both 'kerple'. Each saved row keeps its setting, so that the second save is
+    refused rather than pooled with the first as another seed (and the same setting under another label too)."""
+    protocol = {'lengths': [96], 'depths': [0.5], 'trials': 2, 'filler': 'val', 'seed': 1337, 'digits': 5,
+                'learned_exact': 0.5}
+    row = lambda label, setting, seed, key: {'label': label, 'setting': setting, 'setting_key': key, 'seed': seed,
+                                             'block_size': 48, 'per_length': {96: {'accuracy': 1.0, 'logp_mean': -0.1}}}
+    path = tmp_path / 'r.json'
+    EP.merge_runs(str(path), protocol, [row('k_s1', 'kerple', 1, 'aaa')])
+    EP.merge_runs(str(path), protocol, [row('k_s2', 'kerple', 2, 'aaa')])  # another seed of it: kept
+    before = path.read_text()
+    for new, what in ((row('k3_s1', 'kerple', 1, 'bbb'), 'another setting under the same label'),
+                      (row('k_lr_s3', 'kerple[learning_rate=0.001]', 3, 'aaa'), 'the same setting under another label')):
+        with pytest.raises(InputError, match=f"holds k_s1 .* is {what}: evaluate the runs of both settings together"):
+            EP.merge_runs(str(path), protocol, [new])
+        assert path.read_text() == before
 
 
 def test_options_that_would_change_nothing_or_count_twice_are_refused(tmp_path):
