@@ -789,6 +789,7 @@ def length_tables(cells, tasks, columns, cfg):
 
 
 RUN_KEYS = ('task', 'pos', 'dape', 'learning_rate', 'seed')
+MERGE_FIX = "the runs are merged into it: repair it or name a new file"  # a save_runs file read_results refuses
 
 
 def run_key(r):
@@ -821,8 +822,7 @@ def merge_runs(path, runs, origin=None):
     or not at all."""
     saved = {'runs': []}
     if os.path.exists(path):
-        with open(path) as f:
-            saved = json.load(f)
+        saved = read_results(path, 'save_runs', MERGE_FIX)
     new = {run_key(r): {**(origin or {}), **r, 'source': 'run'} for r in runs}
     saved['runs'] = sorted([r for r in saved['runs'] if run_key(r) not in new] + list(new.values()), key=run_key)
     _write_json(path, saved)
@@ -856,10 +856,10 @@ def read_results(path, option, fix):
     return saved
 
 
-def load_cells(path):
-    """The cells (cells_from_runs) of the runs in a results file that save_runs wrote, and the file."""
-    with open(path) as f:
-        saved = json.load(f)
+def load_cells(path, option):
+    """The cells (cells_from_runs) of the runs in a results file that save_runs wrote (read_results, as
+    --`option`), and the file."""
+    saved = read_results(path, option, "name a file that --save_runs wrote")
     return cells_from_runs(saved['runs']), saved
 
 
@@ -876,9 +876,9 @@ def tables_from_file(cfg):
     per-length figures the tables per length (length_tables): no training. With cfg['rounding_from'],
     the test-retest tables of those runs against the same runs in that file instead (retest_tables)."""
     tasks, columns = table_selection(cfg)
-    cells, _ = load_cells(cfg['tables_from'])
+    cells, _ = load_cells(cfg['tables_from'], 'tables_from')
     if cfg['rounding_from']:
-        return retest_tables(cells, load_cells(cfg['rounding_from'])[0], tasks, columns, cfg)
+        return retest_tables(cells, load_cells(cfg['rounding_from'], 'rounding_from')[0], tasks, columns, cfg)
     by_length = length_tables(cells, tasks, columns, cfg)
     return seeds_table(cells, tasks, columns, cfg) + ('\n\nPer test length:\n\n' + by_length if by_length else '')
 
@@ -1153,7 +1153,7 @@ def check_config(cfg):
             raise ValueError(f"save_runs={cfg['save_runs']}: there is no folder {folder} to write it in: create it "
                              f"or name a file in an existing folder")
         if os.path.exists(cfg['save_runs']):
-            read_results(cfg['save_runs'], 'save_runs', "the runs are merged into it: repair it or name a new file")
+            read_results(cfg['save_runs'], 'save_runs', MERGE_FIX)
     if cfg['tables_from']:
         fix = "name a file that --save_runs wrote"
         runs = read_results(cfg['tables_from'], 'tables_from', fix)['runs']

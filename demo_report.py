@@ -467,8 +467,10 @@ def publish(results_dir):
                  f"--out_dir={results_dir} --plot=True")
     if not os.path.isfile(os.path.join(results_dir, "meta.json")):
         write_meta(results_dir)
-    render(results_dir)  # a file the texts need that is missing or unreadable stops here, before docs/ changes
-    section, page = render(save(results_dir))
+    # rendered from the run's files, which save copies as they are: a file the texts need that is missing or
+    # unreadable stops here, before docs/ changes
+    section, page = render(results_dir)
+    save(results_dir)
     head, rest = readme.split(START, 1)
     tail = rest.split(END, 1)[1]
     for path, text in ((readme_path, head + section + tail), (os.path.join(ROOT, "docs", "demo_results.md"), page)):

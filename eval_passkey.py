@@ -340,11 +340,6 @@ def evaluate(cfg, ckpt_paths):
     if names is not None and len(names) != len(files):
         raise InputError(f"--labels has {len(names)} names for {len(files)} checkpoints: {files}")
 
-    if cfg['save_runs']:  # a file that cannot be read or written fails now, not after the evaluation
-        where = os.path.dirname(os.path.abspath(cfg['save_runs']))
-        if not os.path.isdir(where):
-            raise InputError(f"--save_runs: no folder {where} for {cfg['save_runs']}")
-        read_saved(cfg['save_runs'])
     # every checkpoint, its tokenizer and filler first: bad input fails before any evaluation
     runs, sources = [], {}
     for i, path in enumerate(files):
@@ -403,8 +398,8 @@ def evaluate(cfg, ckpt_paths):
                 'rope_scale': cfg['rope_scale'] or 'L / block_size', 'yarn_alpha': cfg['yarn_alpha'],
                 'yarn_beta': cfg['yarn_beta'], 'chance_logp_per_digit': chance_logp_per_digit(),
                 'learned_exact': cfg['learned_exact']}
-    if cfg['save_runs']:  # a file of another protocol fails now, not after the evaluation
-        saved_runs(cfg['save_runs'], protocol)
+    if cfg['save_runs']:  # a file that cannot be read or written, or of another protocol, fails now, not after
+        saved_runs(cfg['save_runs'], protocol)  # the evaluation
     print(f"passkey retrieval on {dev}: lengths {lens}, depths {deps}, {cfg['trials']} trials each, "
           f"filler={cfg['filler']}, seed {cfg['seed']}")
     rows = []
@@ -633,8 +628,12 @@ SAME_PROTOCOL = ('lengths', 'depths', 'trials', 'filler', 'seed', 'digits')  # w
 
 
 def read_saved(path):
-    """A results file as --save_runs adds to it: {'protocol', 'rows'}; None where there is none yet."""
+    """A results file as --save_runs adds to it: {'protocol', 'rows'}; None where there is none yet (and a
+    folder to write it in)."""
     if not os.path.exists(path):
+        where = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(where):
+            raise InputError(f"--save_runs: no folder {where} for {path}")
         return None
     try:
         with open(path) as f:
