@@ -37,7 +37,7 @@ device = 'auto'          # auto: cuda if available, else cpu
 dtype = 'auto'           # auto: bfloat16 autocast on a GPU that supports it, else float32
 compile = False          # torch.compile the model
 rope_scaling = 'none'    # RoPE context extension (positional.py): none, pi, ntk, yarn
-rope_scale = 0.0         # its factor s; 0 -> max(1, (prompt + max_new_tokens) / training length)
+rope_scale = 0.0         # its factor s; 0 -> max(1, tokens fed / training length)
 config_keys = [k for k in globals() if k not in _names_before_config and not k.startswith('_')]
 
 
@@ -148,9 +148,9 @@ def sample(cfg, path):
     if n_pos is not None and fed > n_pos:
         raise InputError(f"pos=learned encodes {n_pos} positions: a prompt of {len(ids)} tokens leaves room for "
                         f"{max(0, n_pos - len(ids) + 1)} new tokens, not --max_new_tokens={cfg['max_new_tokens']}")
-    if cfg['rope_scaling'] != 'none':  # s from the longest sequence generated, unless given
+    if cfg['rope_scaling'] != 'none':  # s from the longest sequence fed, unless given
         try:
-            s = set_rope_scaling(model, cfg['rope_scaling'], cfg['rope_scale'], len(ids) + cfg['max_new_tokens'])
+            s = set_rope_scaling(model, cfg['rope_scaling'], cfg['rope_scale'], max(fed, 1))
         except ValueError as e:
             raise InputError(str(e)) from None
         print(f"(RoPE {cfg['rope_scaling']} scaling, s={s:g})", file=sys.stderr)

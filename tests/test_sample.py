@@ -237,3 +237,14 @@ def test_learned_positions_room_counts_the_last_token_unfed(tmp_path):
                                          r"--max_new_tokens=15"):
         S.sample(cfg(start='abc', max_new_tokens=15), ck)
     assert S.sample(cfg(start='x' * 20, num_samples=1, max_new_tokens=0), ck) == ['x' * 20]  # nothing fed
+
+
+def test_derived_rope_factor_counts_the_positions_fed(tmp_path, capsys):
+    # a prompt of 4 and 28 new tokens feeds 31 positions (the last token is only sampled): s = 31 / 16, not 32 / 16
+    root = str(tmp_path)
+    make_data(root, 'chars', 'byte')
+    ck = make_ckpt(root, 'rope', 'chars', pos='rope', dape='none')
+    S.sample(cfg(start='abcd', num_samples=1, max_new_tokens=28, rope_scaling='pi'), ck)
+    assert f"(RoPE pi scaling, s={31 / 16:g})" in capsys.readouterr().err
+    S.sample(cfg(start='abcd', num_samples=1, max_new_tokens=8, rope_scaling='pi'), ck)  # 11 fed: no scaling
+    assert "(RoPE pi scaling, s=1)" in capsys.readouterr().err
