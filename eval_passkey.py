@@ -63,10 +63,10 @@ import time
 import numpy as np
 
 from common import (ALPHA, InputError, auto_labels, autocast, checkpoints_and_config, compare_means, difference_text,
-                    find_checkpoints, format_table, group_over_seeds, holds_at, holm_over, interval_text, jsonable,
-                    k_of_n_text, kernels_of, load_run, load_val, mean_ci, mean_ci_text, p_text, parse_list, pearson,
-                    pick_device, pick_dtype, resolve_data_dir, rope_scaling_options, setting_of, tests_caption, trained_by,
-                    training_setting, verdict_counts)
+                    find_checkpoints, format_table, group_over_seeds, holds, holds_at, holm_over, interval_text,
+                    jsonable, k_of_n_text, kernels_of, load_run, load_val, mean_ci, mean_ci_text, p_text, parse_list,
+                    pearson, pick_device, pick_dtype, resolve_data_dir, rope_scaling_options, setting_of,
+                    tests_caption, trained_by, training_setting, verdict, verdict_counts)
 from configurator import ConfigError
 from passkey import DIGITS, chance_logp_per_digit, passkey_prompts, score_prompts, summarize
 from positional import rope_scaling_label, set_rope_scaling
@@ -536,14 +536,20 @@ def compare_groups(groups, lens, metric='accuracy'):
             learned = lambda g, c: [v for v, j in zip(c[metric]['values'], c[metric]['kept']) if g['learned_seeds'][j]]
             c['all_seeds'][L] = compare_means(va, vb, bounds=DIFFERENCE_BOUNDS[metric])
             c['learned_seeds'][L] = compare_means(learned(a, ca), learned(b, cb), bounds=DIFFERENCE_BOUNDS[metric])
+        if metric == 'accuracy':  # the share of seeds that learned, by the same exact test on each seed's 1 or 0
+            fa, fb = a['learned_seeds'], b['learned_seeds']
+            c['learned_share'] = ({'status': 'n/a: not evaluated'} if any(f is None for f in fa + fb) else
+                                  compare_means([float(f) for f in fa], [float(f) for f in fb], bounds=(0, 1)))
         out.append(c)
     holm_over(table_tests(out, lens))
     return out
 
 
 def table_tests(comparisons, lens):
-    """Every comparison of comparison_table, in its order."""
-    return [c[which][L] for c in comparisons for which in ('learned_seeds', 'all_seeds') for L in lens]
+    """Every comparison of comparison_table, in its order: per pair, each length over the learned seeds and over
+    all, then (exact match) the share of seeds that learned."""
+    return [t for c in comparisons for t in [c[which][L] for which in ('learned_seeds', 'all_seeds') for L in lens]
+            + ([c['learned_share']] if 'learned_share' in c else [])]
 
 
 def learned_text(learned_exact):
@@ -561,10 +567,13 @@ def comparison_caption(comparisons, lens):
     metric = comparisons[0]['metric']
     what = ("exact match in percentage points" if metric == 'accuracy' else
             "log-likelihood per answer token in nats (higher: the answer more likely)")
+    share = ("; in the learned column of the row 'all', the exact p of the difference between the shares of seeds "
+             "that learned (the same permutation test on each seed's 1, learned, or 0: a conditional test like "
+             "Fisher's, two-sided by doubling the smaller tail) and its Holm adjustment" if metric == 'accuracy' else '')
     return (f"DAPE-X minus X, {what}: the difference of the means ["
             + interval_text(bounded=DIFFERENCE_BOUNDS[metric] is not None) + "], Welch's two-sided p, the exact p and its Holm "
             "adjustment, over the seeds that learned retrieval at the training length (learned) and over every seed "
-            "(all). " + tests_caption(table_tests(comparisons, lens)))
+            f"(all){share}. " + tests_caption(table_tests(comparisons, lens)))
 
 
 def comparison_table(comparisons, lens, markdown=False):
@@ -582,8 +591,11 @@ def comparison_table(comparisons, lens, markdown=False):
     rows = []
     for c in comparisons:
         ka, na, kb, nb = c['learned']
+        share = c.get('learned_share', {'status': None})
         for which, name in (('learned_seeds', 'learned'), ('all_seeds', 'all')):
-            rows.append([f"{c['label']} - {c['baseline']}", name, f"{ka} of {na} vs {kb} of {nb}"]
+            test = (f", exact {p_text(share['p_exact'])}, Holm {p_text(share['p_holm'])}"
+                    if which == 'all_seeds' and share['status'] == 'ok' else '')
+            rows.append([f"{c['label']} - {c['baseline']}", name, f"{ka} of {na} vs {kb} of {nb}{test}"]
                         + [cell(c[which][L], c['metric']) for L in lens])
     return format_table(header, rows, markdown)
 
@@ -777,7 +789,7 @@ def retest_tables(protocol, rows_a, rows_b, lens):
                             'n/a' if longest is None else f"{lp(x)} / {lp(y)} (L={longest})"])
     summary.append(['all', f"{len(ra)} runs", '', '', str(flips)] + figures(ra, rb))
     # the comparisons, each computed under each rounding as its own table computes it (Holm over that table)
-    checks, held, total = [], 0, 0
+    checks, shares, held, total = [], [], 0, 0
     for metric, measure in MEASURES.items():
         for ca, cb in zip(compare_groups(ga, lens, metric), compare_groups(gb, lens, metric)):
             for which, name in (('learned_seeds', 'learned'), ('all_seeds', 'all')):
@@ -785,6 +797,11 @@ def retest_tables(protocol, rows_a, rows_b, lens):
                 held, total = held + same, total + tested
                 checks.append([f"{ca['label']} - {ca['baseline']}", measure, name, verdict_counts(ca[which].values()),
                                verdict_counts(cb[which].values()), text])
+            if 'learned_share' in ca:
+                same = holds(ca['learned_share'], cb['learned_share'])
+                held, total = held + bool(same), total + (same is not None)
+                shares.append([f"{ca['label']} - {ca['baseline']}"] + [share_text(c) for c in (ca, cb)]
+                              + ['n/a' if same is None else 'yes' if same else 'no'])
     seeds = sorted({r['seed'] for r in ra}, key=lambda s: (s is None, s or 0))
     text = [format_table(['model', 'seeds', f"learned, {a_name}", f"learned, {b_name}", 'changed sides', 'exact match r',
                           'exact match mean move', 'log-likelihood r', 'log-likelihood mean move'], summary, True),
@@ -796,6 +813,9 @@ def retest_tables(protocol, rows_a, rows_b, lens):
         text.append(format_table(['DAPE-X minus X', 'measure', 'seeds', f"{a_name}: at each of {len(lens)} lengths",
                                   f"{b_name}: at each of {len(lens)} lengths", 'holds under both'],
                                  checks, True))
+    if shares:
+        text.append(format_table(['DAPE-X against X, seeds that learned', a_name, b_name, 'holds under both'],
+                                 shares, True))
     kernels = (f"ATen's {ka} kernels and its {kb} kernels" if 'unknown' not in (ka, kb) else
                f"ATen's kernels as the runs record them, {ka} (tables_from) and {kb} (rounding_from; unknown: not recorded)")
     caption = (f"The same runs (seeds {','.join(map(str, seeds))}) trained under two roundings of one machine: "
@@ -807,10 +827,20 @@ def retest_tables(protocol, rows_a, rows_b, lens):
                f"mean move: the mean absolute difference, in points of exact match, in nats of log-likelihood per "
                f"answer token. Comparisons: DAPE-X minus X's exact match, and apart its log-likelihood per answer token, at "
                f"each length, over the seeds that learned (learned) and over every seed (all), each as its table computes it under each rounding (Holm over that "
-               f"table); ahead, and significantly where Holm's exact p is below {ALPHA:g}; a conclusion (ahead, behind "
-               f"or level, significantly or not) holds where both say the same (n/a: no test under one of them). "
-               f"{held} of {total} conclusions hold under both.")
+               f"table); ahead, and significantly where Holm's exact p is below {ALPHA:g}"
+               + ("; and apart the share of seeds that learned, in the exact-match table" if shares else '') +
+               f"; a conclusion (ahead, behind or level, significantly or not) holds where both say the same (n/a: no "
+               f"test under one of them). {held} of {total} conclusions hold under both.")
     return '\n\n'.join(text + [caption])
+
+
+def share_text(c):
+    """A comparison's share of seeds that learned (compare_groups, exact match) as the test-retest writes it:
+    '3 of 6 vs 6 of 6: behind, exact 0.18, Holm 1' ('behind*' where Holm's p is below ALPHA)."""
+    ka, na, kb, nb = c['learned']
+    t = c['learned_share']
+    return (f"{ka} of {na} vs {kb} of {nb}: " + (verdict(t) if t['status'] != 'ok' else
+            f"{verdict(t)}, exact {p_text(t['p_exact'])}, Holm {p_text(t['p_holm'])}"))
 
 
 def figure_from_files(paths, out):

@@ -530,9 +530,11 @@ def test_dape_against_its_baseline_over_learned_and_all_seeds():
     without_holm = lambda x: {k: v for k, v in x.items() if k != 'p_holm'}
     assert without_holm(c['learned_seeds'][256]) == common.compare_means([0.9, 0.7], [0.2, 0.4, 0.1], bounds=(0, 1))
     assert without_holm(c['all_seeds'][256]) == common.compare_means([0.9, 0.7, 0.0], [0.2, 0.4, 0.1], bounds=(0, 1))
-    # Holm over the table: learned and all seeds at both lengths, 128 too (every seed at 100% or near: a test)
+    # Holm over the table: learned and all seeds at both lengths, 128 too (every seed at 100% or near: a test),
+    # and the share of seeds that learned
     tests = EP.table_tests([c], [128, 256])
-    assert len(tests) == 4 and [t['p_holm'] for t in tests] == common.holm([t['p_exact'] for t in tests])
+    assert len(tests) == 5 and [t['p_holm'] for t in tests] == common.holm([t['p_exact'] for t in tests])
+    assert tests[-1] is c['learned_share'] and c['learned_share']['diff'] == pytest.approx(2 / 3 - 1)
     table = EP.comparison_table([c], [128, 256], markdown=True)
     learned = c['learned_seeds'][256]
     pct = dict(learned, diff=100 * learned['diff'], ci=[100 * x for x in learned['ci']])
@@ -540,8 +542,27 @@ def test_dape_against_its_baseline_over_learned_and_all_seeds():
     line = next(x for x in table.splitlines() if x.startswith('| dape-kerple - kerple | learned | 2 of 3 vs 3 of 3 |'))
     assert line.endswith(f"| {common.difference_text(pct, '{:+.0f}')}, p {common.p_text(learned['p'])}, "
                          f"exact {common.p_text(learned['p_exact'])}, Holm {common.p_text(learned['p_holm'])} |")
+    share = c['learned_share']
+    assert f"| dape-kerple - kerple | all | 2 of 3 vs 3 of 3, exact {common.p_text(share['p_exact'])}, " \
+           f"Holm {common.p_text(share['p_holm'])} |" in table
     caption = EP.comparison_caption([c], [128, 256])
-    assert 'for the 4 comparisons of this table' in caption and '0.2 with 2 and 3 seeds, 0.1 with 3 and 3 seeds' in caption
+    assert 'for the 5 comparisons of this table' in caption and '0.2 with 2 and 3 seeds, 0.1 with 3 and 3 seeds' in caption
+    assert 'the shares of seeds that learned' in caption
+    assert 'shares' not in EP.comparison_caption(EP.compare_groups(groups, [128, 256], 'logp_mean'), [128, 256])
+
+
+@pytest.mark.parametrize('ka,na,kb,nb', [(3, 6, 6, 6), (2, 6, 6, 6), (5, 10, 10, 10), (1, 4, 3, 5), (0, 3, 3, 3),
+                                         (4, 6, 2, 6), (6, 6, 6, 6)])
+def test_the_share_of_seeds_that_learned_is_compared_by_the_conditional_exact_test(ka, na, kb, nb):
+    """Learned k of n against k of n: the permutation test on each seed's 1 or 0 is the hypergeometric test given
+    the margins (scipy's hypergeom), two-sided by doubling the smaller tail."""
+    stats = pytest.importorskip("scipy.stats")
+    rows = ([_row(f'd_s{i}', 'dape-kerple', i, [1.0 if i < ka else 0.0, 0.0]) for i in range(na)]
+            + [_row(f'k_s{i}', 'kerple', i, [1.0 if i < kb else 0.0, 0.0]) for i in range(nb)])
+    c, = EP.compare_groups(EP.group_rows(rows, [128, 256], 0.5), [128, 256])
+    h = stats.hypergeom(na + nb, ka + kb, na)  # a's count of learned seeds, given how many learned in all
+    want = min(1.0, 2 * min(h.cdf(ka), h.sf(ka - 1)))
+    assert c['learned'] == [ka, na, kb, nb] and c['learned_share']['p_exact'] == pytest.approx(want, rel=1e-9)
 
 
 def test_a_measure_some_runs_lack_is_over_the_seeds_that_have_it():
@@ -754,8 +775,8 @@ def test_retest_pairs_the_same_runs_under_two_roundings(tmp_path):
     the first only, its seed 4 under the second only: the counts agree, two runs changed sides), Pearson's r and the
     mean move of the exact match and the log-likelihood over every seed and length; per run, both side by side; and
     every comparison of the published table under each rounding, Holm over that rounding's own table (DAPE-Kerple
-    is ahead at 512 under the first, behind under the second; at 256 ahead under both, significantly under the first
-    only), with whether each conclusion holds under both. A
+    is ahead at 512 under the first, behind under the second; at 256 ahead under both, in log-likelihood significantly
+    under the first only), and the share of seeds that learned, with whether each conclusion holds under both. A
     model in one file only (rope) does not count. The expected figures are computed here from the runs, apart."""
     import common
     lens = RETEST_PROTOCOL['lengths']
@@ -797,20 +818,24 @@ def test_retest_pairs_the_same_runs_under_two_roundings(tmp_path):
 
     def verdicts(runs, flags, bounds=(0, 1)):
         """Each rounding's own table of one measure: DAPE-Kerple minus Kerple over the learned seeds and over all,
-        per length, Holm over those six; -> {(which, L): 'ahead', 'behind*', ...}."""
+        per length, and in exact match's the share of seeds that learned, Holm over those six or seven;
+        -> {(which, L): 'ahead', 'behind*', ...}."""
         tests = {}
         for which in ('learned', 'all'):
             for i, L in enumerate(lens):
                 vals = lambda m: [runs[(m, s)][i] for s in range(1, 6) if which == 'all' or flags[(m, s)]]
                 tests[(which, L)] = common.compare_means(vals('dape-kerple'), vals('kerple'), bounds=bounds)
+        if bounds:
+            share = lambda m: [float(flags[(m, s)]) for s in range(1, 6)]
+            tests[('share', None)] = common.compare_means(share('dape-kerple'), share('kerple'), bounds=(0, 1))
         ok = [k for k, c in tests.items() if c['status'] == 'ok']
         holm = dict(zip(ok, common.holm([tests[k]['p_exact'] for k in ok])))
         return {k: ('ahead' if c['diff'] > 0 else 'behind' if c['diff'] < 0 else 'level')
                 + ('*' if holm[k] < common.ALPHA else '') for k, c in tests.items() if k in holm}
 
     va, vb = verdicts(a, learned['a']), verdicts(b, learned['b'])
-    # at 256 ahead under both, significantly under the first only; at 512 ahead under the first, behind under the second
-    assert (va[('all', 256)], vb[('all', 256)], va[('all', 512)], vb[('all', 512)]) == ('ahead*', 'ahead', 'ahead', 'behind')
+    # at 512 ahead under the first, behind under the second
+    assert (va[('all', 256)], vb[('all', 256)], va[('all', 512)], vb[('all', 512)]) == ('ahead', 'ahead', 'ahead', 'behind')
     count = lambda v, which: (f"ahead at {sum(v[(which, L)].startswith('ahead') for L in lens)}, significantly at "
                               f"{sum(v[(which, L)] == 'ahead*' for L in lens)}; behind significantly at "
                               f"{sum(v[(which, L)] == 'behind*' for L in lens)}")
@@ -818,6 +843,8 @@ def test_retest_pairs_the_same_runs_under_two_roundings(tmp_path):
     la = {k: [logp(v, k[1], '') for v in vs] for k, vs in a.items()}
     lb = {k: [logp(v, k[1], '_default') for v in vs] for k, vs in b.items()}
     la_v, lb_v = verdicts(la, learned['a'], bounds=None), verdicts(lb, learned['b'], bounds=None)
+    # at 256 ahead under both, significantly under the first only (exact match's table, with one test more, is not)
+    assert (la_v[('all', 256)], lb_v[('all', 256)]) == ('ahead*', 'ahead')
     held = total = 0
     for measure, (x, y) in (('exact match', (va, vb)), ('log-likelihood per answer token', (la_v, lb_v))):
         for which in ('learned', 'all'):
@@ -827,9 +854,35 @@ def test_retest_pairs_the_same_runs_under_two_roundings(tmp_path):
             assert _cells(table, f"| dape-kerple - kerple | {measure} | {which} |")[3:] == [
                 count(x, which), count(y, which),
                 f"at {len(tested) - len(other)} of {len(tested)}" + (f"; not at L={','.join(map(str, other))}" if other else '')]
-    assert _cells(table, '| dape-kerple - kerple | exact match | all |')[5].endswith('; not at L=256,512')
+    assert _cells(table, '| dape-kerple - kerple | exact match | all |')[5].endswith('; not at L=512')
+    assert _cells(table, '| dape-kerple - kerple | log-likelihood per answer token | all |')[5].endswith('; not at L=256,512')
+    # the share of seeds that learned: 5 of 5 against 4 of 5 under both (kerple's seeds 2 and 4 swapped sides)
+    assert (va[('share', None)], vb[('share', None)]) == ('ahead', 'ahead')
+    p = lambda v: common.p_text(common.compare_means([1.0] * 5, [1.0, 1.0, 1.0, 0.0, 1.0], bounds=(0, 1))['p_exact'])
+    assert _cells(table, '| dape-kerple - kerple | 5 of 5 vs 4 of 5') == [
+        'dape-kerple - kerple', f"5 of 5 vs 4 of 5: ahead, exact {p(va)}, Holm 1", f"5 of 5 vs 4 of 5: ahead, exact {p(vb)}, Holm 1",
+        'yes']
+    held, total = held + 1, total + 1
     assert held < total and lines[-1].endswith(f" {held} of {total} conclusions hold under both.")
     assert "seeds 1,2,3,4,5" in lines[-1] and "ATen's AVX512 kernels and its DEFAULT kernels" in lines[-1]
+
+
+def test_retest_of_the_share_of_seeds_that_learned(tmp_path):
+    """The share of seeds that learned is a conclusion of its own under each rounding: DAPE-Kerple 0 of 6 against
+    Kerple's 6 of 6 is behind, significantly (exact p 0.0022, Holm 0.0087 over the table's 4 tests: every seed at
+    each length, and the share; none learned, so nothing over the learned seeds), under the first; 2 of 6 against 6 of
+    6 under the second is behind but not significantly: it does not hold."""
+    import common
+    kerple = {('kerple', s): [1.0, 0.5, 0.2] for s in range(6)}
+    a = {**kerple, **{('dape-kerple', s): [0.0, 0.0, 0.0] for s in range(6)}}
+    b = {**kerple, **{('dape-kerple', s): [1.0 if s < 2 else 0.0, 0.0, 0.0] for s in range(6)}}
+    table = EP.main([f"--tables_from={_retest_file(tmp_path / 'a.json', a, 'AVX512')}",
+                     f"--rounding_from={_retest_file(tmp_path / 'b.json', b, 'DEFAULT', suffix='_default')}"])
+    p = lambda k: common.compare_means([1.0] * k + [0.0] * (6 - k), [1.0] * 6, bounds=(0, 1))['p_exact']
+    assert p(0) == pytest.approx(2 / math.comb(12, 6))
+    cells = _cells(table, '| dape-kerple - kerple | 0 of 6')
+    assert cells[1] == f"0 of 6 vs 6 of 6: behind*, exact 0.0022, Holm {common.p_text(4 * p(0))}" and cells[3] == 'no'
+    assert cells[2].startswith(f"2 of 6 vs 6 of 6: behind, exact {common.p_text(p(2))}, Holm ")
 
 
 def test_figure_draws_the_tables_over_seeds_a_column_per_rounding(tmp_path):
