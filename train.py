@@ -216,14 +216,14 @@ def read_checkpoint(path, cfg):
     return ckpt
 
 
-def resumed_model_args(saved, config, path):
-    """The model options of a resumed run: the checkpoint's. An option this run sets (to other than its
-    default) must agree with them, since a trained model cannot change shape or encoding; only the
+def resumed_model_args(saved, config, path, given=()):
+    """The model options of a resumed run: the checkpoint's. An option this run sets (given, or set to other
+    than its default) must agree with them, since a trained model cannot change shape or encoding; only the
     RESUME_CHANGEABLE ones may be set anew. -> (model_args, notes on what changed)"""
     args, clash, notes = {}, [], []
     for f in dataclasses.fields(GPTConfig):
         k, old = f.name, saved.get(f.name, f.default)  # (a checkpoint older than the option: its default)
-        asked = config[k] != DEFAULTS[k] and config[k] != old
+        asked = (k in given or config[k] != DEFAULTS[k]) and config[k] != old
         if asked and k in RESUME_CHANGEABLE:
             notes.append(f"resuming with {k}={config[k]!r} (the checkpoint's: {old!r})")
         elif asked:
@@ -330,10 +330,13 @@ def peak_flops_of(cfg, device, dtype):
     return peak / 2 if dtype == torch.float32 and not cfg.peak_flops else peak  # tf32's peak
 
 
-def train(config=None, command='unknown (train.train called in a process of its own)', **overrides):
+def train(config=None, command='unknown (train.train called in a process of its own)', given=None, **overrides):
     """Run training with DEFAULTS updated by `config` (a dict, e.g. from configure()) and `overrides`;
-    `command` is the command line that asked for it, which the checkpoint records (main passes it). Returns a dict: iter_num, best_val_loss, losses (train loss of every step run here), evals
-    ([(iter, train, val)]), model (the trained raw model)."""
+    `command` is the command line that asked for it, which the checkpoint records (main passes it); `given`, the
+    keys the user set (main: the command line's --key=value ones; None: those of `overrides`), which a resumed
+    checkpoint must agree with even where they are at their default. Returns a dict: iter_num, best_val_loss,
+    losses (train loss of every step run here), evals ([(iter, train, val)]), model (the trained raw model)."""
+    given = set(overrides) if given is None else set(given)
     config = update_config(DEFAULTS, {**(config or {}), **overrides})
     cfg = SimpleNamespace(**config)
     check_config(cfg)
@@ -383,7 +386,7 @@ def train(config=None, command='unknown (train.train called in a process of its 
     if cfg.init_from == 'resume':
         if small.get('dataset') != cfg.dataset and master:
             print(f"note: the checkpoint was trained on '{small.get('dataset')}', continuing on '{cfg.dataset}'")
-        model_args, notes = resumed_model_args(small['model_args'], config, ckpt_path)
+        model_args, notes = resumed_model_args(small['model_args'], config, ckpt_path, given)
         for note in notes if master else ():
             print(note)
         config.update({k: v for k, v in model_args.items() if k != 'vocab_size'})  # what the run really is
@@ -646,7 +649,10 @@ def main(argv=None):
     # error once per process under torchrun
     argv = sys.argv[1:] if argv is None else argv
     try:
-        train(configure(DEFAULTS, argv), command=shlex.join(['python', 'train.py', *argv]))
+        # the keys set on the command line (one a config file sets to its default cannot be told from one it
+        # leaves alone: those count only where they differ from the default)
+        given = {a[2:].partition('=')[0] for a in argv if a.startswith('--')}
+        train(configure(DEFAULTS, argv), command=shlex.join(['python', 'train.py', *argv]), given=given)
     except ConfigError as e:
         if not reports_errors():
             exit_after_reporter(2)

@@ -323,6 +323,25 @@ def test_a_checkpoint_is_never_overwritten_or_misread(data_root, tmp_path):
         run(data_root, out, max_iters=4, init_from='resume')
 
 
+def test_an_option_given_at_its_default_must_match_the_resumed_checkpoint(data_root, tmp_path, capsys):
+    """--pos=kerple is the default, yet given on the command line it asks for Kerple: resuming an ALiBi
+    checkpoint with it is refused (it was silently resumed as ALiBi), the file unchanged; without it, the
+    checkpoint's encoding is kept."""
+    out = tmp_path / 'out'
+    run(data_root, out, max_iters=2, eval_interval=2, pos='alibi')
+    good = (out / 'ckpt.pt').read_bytes()
+    args = [f'--{k}={v}' for k, v in TINY.items()] + ['--dataset=tiny', f'--data_root={data_root}',
+                                                      f'--out_dir={out}', '--max_iters=3', '--init_from=resume']
+    with pytest.raises(SystemExit) as e:
+        train.main(args + ['--pos=kerple'])
+    assert e.value.code == 2
+    assert "cannot be resumed with pos='kerple' (the checkpoint has 'alibi')" in capsys.readouterr().err
+    assert (out / 'ckpt.pt').read_bytes() == good
+    train.main(args)
+    ck = torch.load(str(out / 'ckpt.pt'), weights_only=True)
+    assert ck['model_args']['pos'] == 'alibi' and ck['iter_num'] == 3
+
+
 def _add_future_option(ck):
     ck['model_args']['future_opt'] = 7
 
