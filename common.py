@@ -676,6 +676,7 @@ ALPHA = 0.05                 # the level at which generated text calls a differe
 EXACT_MAX = 200_000          # enumerate every split of the runs up to this many: 10 runs a side (C(20, 10) splits)
 PERMUTATION_DRAWS = 100_000  # beyond that, this many seeded random splits
 STATS_SEED = 0               # the random splits are seeded: a table is the same on every rerun
+ROUNDING_TOL = 100 * np.finfo(np.float64).eps  # relative to the data: the same values summed in another order differ
 
 
 @functools.lru_cache(maxsize=16)
@@ -716,7 +717,7 @@ def permutation_test(a, b, seed=STATS_SEED):
     # a's sum fixes the difference (the total is fixed): the same arithmetic for every split and the observed one
     null = sums / na - (total - sums) / nb
     observed = a.sum() / na - (total - a.sum()) / nb
-    tol = 100 * np.finfo(np.float64).eps * max(abs(observed), float(np.abs(x).max()))
+    tol = ROUNDING_TOL * max(abs(observed), float(np.abs(x).max()))
     count = len(null) + extra
     less = (np.count_nonzero(null <= observed + tol) + extra) / count
     greater = (np.count_nonzero(null >= observed - tol) + extra) / count
@@ -765,7 +766,7 @@ def compare_means(a, b, level=0.95, bounds=None):
         return {'status': 'n/a: zero variance', 'n_a': len(a), 'n_b': len(b)}
     t, df, p = welch_ttest(a, b) if spread > 0 else (None, None, None)
     diff = float(np.mean(a) - np.mean(b))
-    if abs(diff) <= 100 * np.finfo(np.float64).eps * max(map(abs, a + b)):
+    if abs(diff) <= ROUNDING_TOL * max(map(abs, a + b)):
         diff = 0.0  # the same values summed in another order: rounding, not a side ahead (verdict reads its sign)
     half = t_quantile(0.5 + level / 2, df) * math.sqrt(spread) if spread > 0 else 0.0
     ci, method = [diff - half, diff + half], 't'
