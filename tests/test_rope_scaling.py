@@ -186,7 +186,7 @@ def test_sample_with_rope_scaling(tmp_path, capsys):
                data_dir='', rope_scaling='yarn')
     plain = S.sample({**cfg, 'rope_scaling': 'none'}, str(out))
     scaled = S.sample(cfg, str(out))
-    assert '(RoPE yarn scaling, s=2.6875)' in capsys.readouterr().err  # (3 + 40) / 16
+    assert '(RoPE yarn scaling, s=2.625)' in capsys.readouterr().err  # (3 + 40 - 1) / 16: the positions fed
     assert len(scaled[0]) and scaled[0].startswith('abc') and plain[0].startswith('abc')
     assert S.sample({**cfg, 'rope_scale': 1.0}, str(out)) == plain  # s = 1: the trained RoPE
     with pytest.raises(InputError, match='rope_scaling must be one of'):
