@@ -517,7 +517,8 @@ def compare_groups(groups, lens, metric='accuracy'):
     (common.compare_means), over the seeds that learned retrieval at the training length and, apart, over every
     seed; and the exact p adjusted by Holm's method over all of them, the comparisons of one table (one per
     measure). Over the seeds that have the measure (group_rows' `measures`): `learned` counts those.
-    -> [{label, baseline, metric, learned, learned_seeds: {L: comparison}, all_seeds: {L: comparison}}]."""
+    -> [{label, baseline, metric, learned, learned_seeds: {L: comparison}, all_seeds: {L: comparison}, and for
+    exact match learned_share: the share of seeds that learned, by compare_means of each seed's 1 or 0}]."""
     out = []
     for a, b in comparison_pairs(groups):
         ma, mb = a['measures'][metric], b['measures'][metric]
