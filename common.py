@@ -103,7 +103,8 @@ def unwrapped(state):
 def check_weights(path, state, model):
     """A ValueError naming the file unless its state dict holds exactly the model's tensors, in their shapes:
     a file edited by hand or mixed up with another run's would otherwise stop load_state_dict with a traceback
-    (a size mismatch), or leave some weights at their random init."""
+    (a size mismatch), or leave some weights at their random init. -> the state dict under the model's own
+    names (unwrapped), ready for load_state_dict."""
     if not isinstance(state, dict):
         raise ValueError(f"{path} holds no weights (its 'model' is a {type(state).__name__}, not a state dict): "
                          f"retrain it, or use another checkpoint")
@@ -117,6 +118,7 @@ def check_weights(path, state, model):
                  (('shape', wrong), ('missing', missing), ('unexpected', unexpected)) if names]
         raise ValueError(f"{path} does not match its own model_args ({'; '.join(found)}): "
                          f"retrain it, or use another checkpoint")
+    return state
 
 
 def load_checkpoint(path, device='cpu'):
@@ -132,8 +134,7 @@ def load_checkpoint(path, device='cpu'):
     if unknown:
         raise ValueError(f"{path} has model options this model.py does not know: {sorted(unknown)}")
     model = GPT(GPTConfig(**ckpt['model_args']))
-    check_weights(path, ckpt['model'], model)
-    model.load_state_dict(unwrapped(ckpt['model']))
+    model.load_state_dict(check_weights(path, ckpt['model'], model))
     return model.to(device), ckpt
 
 
