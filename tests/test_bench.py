@@ -105,10 +105,11 @@ def test_attention_variants_against_softmax(tmp_path):
 def test_module_section_measures_memory_of_the_path_it_timed(monkeypatch):
     """Memory is measured after every timing: each module must still run the path it was timed on (the fast
     one for ours, dape.py's plain form for the copy), not whichever module was made last."""
-    calls = {}
+    calls, seen = {}, []
     module_call = bench.module_call
 
     def spy(mod, *args, fast=False):
+        seen.append(mod)  # kept alive: a module freed after its row could hand its id to the next one
         calls.setdefault(id(mod), set()).add(fast)
         return module_call(mod, *args, fast=fast)
     monkeypatch.setattr(bench, "module_call", spy)
