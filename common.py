@@ -75,10 +75,12 @@ def autocast(device, dtype):
 
 
 def read_checkpoint_file(path, keys=('model', 'model_args'), device='cpu'):
-    """torch.load a train.py checkpoint file, checked: an unreadable file, or one without all of `keys`,
-    is a ValueError naming it (the file is only read). Whether its weights fit its model_args is checked
-    against the model the caller builds from them (check_weights): building one here would double the memory
-    of a large model's resume."""
+    """torch.load a train.py checkpoint file, checked: an unreadable file, one without all of `keys`, or
+    one whose model_args hold an option this model.py does not know (a newer model.py's: building without it
+    would make another model than the file's) is a ValueError naming it (the file is only read). Whether its
+    weights fit its model_args is checked against the model the caller builds from them (check_weights):
+    building one here would double the memory of a large model's resume."""
+    from model import GPTConfig
     try:
         ckpt = torch.load(path, map_location=device, weights_only=True)
     except Exception as e:
@@ -87,6 +89,14 @@ def read_checkpoint_file(path, keys=('model', 'model_args'), device='cpu'):
     missing = [k for k in keys if k not in ckpt] if isinstance(ckpt, dict) else list(keys)
     if missing:
         raise ValueError(f"{path} is not a train.py checkpoint: it lacks {missing}")
+    unknown = sorted(set(ckpt['model_args']) - {f.name for f in fields(GPTConfig)}) \
+        if isinstance(ckpt['model_args'], dict) else None
+    if unknown is None:
+        raise ValueError(f"{path} is not a train.py checkpoint: its model_args is a "
+                         f"{type(ckpt['model_args']).__name__}, not a dict of options")
+    if unknown:
+        raise ValueError(f"{path} has model options this model.py does not know: {unknown}; use it with the "
+                         f"code that wrote it")
     return ckpt
 
 
@@ -130,9 +140,6 @@ def load_checkpoint(path, device='cpu'):
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no checkpoint at {path}; train one first: python train.py <config> --out_dir=...")
     ckpt = read_checkpoint_file(path, device=device)
-    unknown = set(ckpt['model_args']) - {f.name for f in fields(GPTConfig)}
-    if unknown:
-        raise ValueError(f"{path} has model options this model.py does not know: {sorted(unknown)}")
     model = GPT(GPTConfig(**ckpt['model_args']))
     model.load_state_dict(check_weights(path, ckpt['model'], model))
     return model.to(device), ckpt

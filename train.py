@@ -207,12 +207,6 @@ def read_checkpoint(path, cfg):
     except ValueError as e:
         raise CheckpointError(f"{e}. It cannot be resumed and was left as it is; train into another "
                               f"--out_dir") from e
-    # an option of a newer model.py: resuming without it would train, and save, another model than the file's
-    unknown = sorted(set(ckpt['model_args']) - {f.name for f in dataclasses.fields(GPTConfig)})
-    if unknown:
-        raise CheckpointError(f"{path} has model options this model.py does not know: {unknown}. It cannot be "
-                              f"resumed and was left as it is; resume it with the code that wrote it, or train "
-                              f"into another --out_dir")
     return ckpt
 
 

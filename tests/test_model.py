@@ -557,7 +557,12 @@ def test_weights_that_do_not_fit_model_args_are_refused(tmp_path):
     assert path.read_bytes() == before
     # options this model.py does not know are named too
     torch.save({"model": state, "model_args": {**asdict(model.config), "future_opt": 1}}, path)
-    with pytest.raises(ValueError, match=r"model options this model.py does not know: \['future_opt'\]"):
+    with pytest.raises(ValueError, match=r"model options this model.py does not know: \['future_opt'\]; use it "
+                                         r"with the code that wrote it"):
+        load_checkpoint(str(path))
+    torch.save({"model": state, "model_args": list(asdict(model.config).items())}, path)
+    with pytest.raises(ValueError, match=r"ckpt\.pt is not a train.py checkpoint: its model_args is a list, not a "
+                                         r"dict of options"):
         load_checkpoint(str(path))
 
 

@@ -352,7 +352,8 @@ def _swap_embedding(ck):
 
 @pytest.mark.parametrize('edit, message', [
     # a checkpoint from a newer model.py: resuming without its option would train and save another model
-    (_add_future_option, r"has model options this model\.py does not know: \['future_opt'\]\. It cannot be resumed"),
+    (_add_future_option, r"has model options this model\.py does not know: \['future_opt'\]; use it with the code "
+                         r"that wrote it\. It cannot be resumed"),
     # a file edited by hand or mixed up with another run's: named, not a size-mismatch traceback
     (_swap_embedding, r"does not match its own model_args \(shape: transformer\.wte\.weight is \(3, 5\).*"
                       r"It cannot be resumed"),
