@@ -790,17 +790,18 @@ def retest_tables(protocol, rows_a, rows_b, lens):
                             'n/a' if longest is None else f"{lp(x)} / {lp(y)} (L={longest})"])
     summary.append(['all', f"{len(ra)} runs", '', '', str(flips)] + figures(ra, rb))
     # the comparisons, each computed under each rounding as its own table computes it (Holm over that table)
-    checks, shares, held, total = [], [], 0, 0
+    checks, shares = [], []
+    held, total = {'learned': 0, 'all': 0}, {'learned': 0, 'all': 0}  # over the seeds that learned, over every seed
     for metric, measure in MEASURES.items():
         for ca, cb in zip(compare_groups(ga, lens, metric), compare_groups(gb, lens, metric)):
             for which, name in (('learned_seeds', 'learned'), ('all_seeds', 'all')):
                 text, same, tested = holds_at(ca[which], cb[which], lens, 'L')
-                held, total = held + same, total + tested
+                held[name], total[name] = held[name] + same, total[name] + tested
                 checks.append([f"{ca['label']} - {ca['baseline']}", measure, name, verdict_counts(ca[which].values()),
                                verdict_counts(cb[which].values()), text])
             if 'learned_share' in ca:
                 same = holds(ca['learned_share'], cb['learned_share'])
-                held, total = held + bool(same), total + (same is not None)
+                held['all'], total['all'] = held['all'] + bool(same), total['all'] + (same is not None)
                 shares.append([f"{ca['label']} - {ca['baseline']}"] + [share_text(c) for c in (ca, cb)]
                               + ['n/a' if same is None else 'yes' if same else 'no'])
     seeds = sorted({r['seed'] for r in ra}, key=lambda s: (s is None, s or 0))
@@ -831,7 +832,11 @@ def retest_tables(protocol, rows_a, rows_b, lens):
                f"table); ahead, and significantly where Holm's exact p is below {ALPHA:g}"
                + ("; and apart the share of seeds that learned, in the exact-match table" if shares else '') +
                f"; a conclusion (ahead, behind or level, significantly or not) holds where both say the same (n/a: no "
-               f"test under one of them). {held} of {total} conclusions hold under both.")
+               f"test under one of them). {sum(held.values())} of {sum(total.values())} conclusions hold under "
+               f"both: {held['all']} of {total['all']} over every seed"
+               + (" (the shares of seeds that learned among them)" if shares else '')
+               + (f", {held['learned']} of {total['learned']} over the seeds that learned, which the rounding chooses."
+                  if total['learned'] else ", none over the seeds that learned (too few for a test under both)."))
     return '\n\n'.join(text + [caption])
 
 

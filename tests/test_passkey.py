@@ -845,12 +845,12 @@ def test_retest_pairs_the_same_runs_under_two_roundings(tmp_path):
     la_v, lb_v = verdicts(la, learned['a'], bounds=None), verdicts(lb, learned['b'], bounds=None)
     # at 256 ahead under both, significantly under the first only (exact match's table, with one test more, is not)
     assert (la_v[('all', 256)], lb_v[('all', 256)]) == ('ahead*', 'ahead')
-    held = total = 0
+    held, total = {'learned': 0, 'all': 0}, {'learned': 0, 'all': 0}
     for measure, (x, y) in (('exact match', (va, vb)), ('log-likelihood per answer token', (la_v, lb_v))):
         for which in ('learned', 'all'):
             tested = [L for L in lens if (which, L) in x and (which, L) in y]
             other = [L for L in tested if x[(which, L)] != y[(which, L)]]
-            held, total = held + len(tested) - len(other), total + len(tested)
+            held[which], total[which] = held[which] + len(tested) - len(other), total[which] + len(tested)
             assert _cells(table, f"| dape-kerple - kerple | {measure} | {which} |")[3:] == [
                 count(x, which), count(y, which),
                 f"at {len(tested) - len(other)} of {len(tested)}" + (f"; not at L={','.join(map(str, other))}" if other else '')]
@@ -862,8 +862,11 @@ def test_retest_pairs_the_same_runs_under_two_roundings(tmp_path):
     assert _cells(table, '| dape-kerple - kerple | 5 of 5 vs 4 of 5') == [
         'dape-kerple - kerple', f"5 of 5 vs 4 of 5: ahead, exact {p(va)}, Holm 1", f"5 of 5 vs 4 of 5: ahead, exact {p(vb)}, Holm 1",
         'yes']
-    held, total = held + 1, total + 1
-    assert held < total and lines[-1].endswith(f" {held} of {total} conclusions hold under both.")
+    held['all'], total['all'] = held['all'] + 1, total['all'] + 1
+    assert held['all'] < total['all'] and lines[-1].endswith(
+        f" {held['all'] + held['learned']} of {total['all'] + total['learned']} conclusions hold under both: "
+        f"{held['all']} of {total['all']} over every seed (the shares of seeds that learned among them), "
+        f"{held['learned']} of {total['learned']} over the seeds that learned, which the rounding chooses.")
     assert "seeds 1,2,3,4,5" in lines[-1] and "ATen's AVX512 kernels and its DEFAULT kernels" in lines[-1]
 
 
@@ -883,6 +886,8 @@ def test_retest_of_the_share_of_seeds_that_learned(tmp_path):
     cells = _cells(table, '| dape-kerple - kerple | 0 of 6')
     assert cells[1] == f"0 of 6 vs 6 of 6: behind*, exact 0.0022, Holm {common.p_text(4 * p(0))}" and cells[3] == 'no'
     assert cells[2].startswith(f"2 of 6 vs 6 of 6: behind, exact {common.p_text(p(2))}, Holm ")
+    assert table.endswith(" over every seed (the shares of seeds that learned among them), none over the seeds that "
+                          "learned (too few for a test under both).")
 
 
 def test_figure_draws_the_tables_over_seeds_a_column_per_rounding(tmp_path):
