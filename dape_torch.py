@@ -34,7 +34,7 @@ import torch.nn.functional as F
 # The version of dape.py that this file and dape_triton.py implement, class by class and part by part
 # (fingerprint.definition): dape_paths.py runs a fast path only on a module whose code, as it is in memory,
 # has these fingerprints, no more and no fewer. Update it together with the fast paths, once their equality
-# tests pass (tests/test_dape_paths.py pins it and prints what it should be).
+# tests pass (tests/test_dape.py pins it and prints what it should be).
 IMPLEMENTS = {
     "DAPEV1": {
         "_DAPE.__init__": "32b947ef65370945",

@@ -8,6 +8,7 @@ import pytest
 import bench
 
 
+@pytest.mark.recorded_dape
 def test_bench_quick_writes_every_section(tmp_path):
     out = tmp_path / "bench.json"
     bench.main(["--quick", "--pos=kerple", "--repeats=1", "--warmup=0", "--module_lengths=48",

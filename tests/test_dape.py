@@ -8,13 +8,19 @@ float64, so that float32 rounding is the only difference allowed."""
 
 import functools
 import itertools
+import json
+import os
+import re
 import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+import dape
+import dape_paths
 import dape_torch
+import fingerprint
 from dape import DAPEV1, DAPEV2, VARIANTS
 
 H, D = 3, 5
@@ -272,3 +278,64 @@ def test_reset_parameters_is_pytorchs_own_init(kind):
         got = list(m.parameters())
         assert all(torch.equal(g, w) for g, w in zip(got[:2], want[:2]))
         assert all(torch.equal(g, torch.zeros_like(g) if init == "zero" else w) for g, w in zip(got[2:], want[2:]))
+
+
+# -----------------------------------------------------------------------------
+# the fast paths' record of dape.py
+
+
+def test_the_fast_paths_record_the_dape_py_they_implement():
+    """dape_torch.IMPLEMENTS is dape.py's definition as it is. An edit of dape.py fails here (and only here
+    among the tests of the fast paths, which conftest.py then skips): the plain form runs it meanwhile, with one
+    warning. Whoever wants the fast paths on the edit changes them to compute it (their equality tests above and
+    in tests/test_dape_triton.py must pass) and sets the record to what the message says."""
+    now = {cls.__qualname__: fingerprint.definition([cls]) for cls in (dape.DAPEV1, dape.DAPEV2)}
+    lines = [f'    "{c}": {{\n' + "".join(f'        "{k}": {json.dumps(d[k])},\n' for k in sorted(d, key=str.lower))
+             + "    }," for c, d in now.items()]
+    assert now == dape_torch.IMPLEMENTS, (
+        "dape.py is not the version that the fast paths implement: the plain form runs it. To run it on the fast "
+        "paths, change dape_torch.py and dape_triton.py to compute it, then set dape_torch.IMPLEMENTS to:\n"
+        + "\n".join(lines))
+    for cls in (dape.DAPEV1, dape.DAPEV2):
+        assert dape_paths.code_differs(cls(4)) is None
+
+
+@pytest.mark.recorded_dape  # its copy of the repository is the unedited one, then the edited
+def test_the_suite_on_an_edited_dape_py(tmp_path):
+    """A reader's edit of dape.py (V1's LeakyReLU made a GELU), in a copy of the repository: the suite says so at
+    its end, a model runs the edit (the plain form's warning is shown, not an error), the tests marked
+    recorded_dape are skipped saying why, and the record test fails saying what to update. Unedited, none of it."""
+    import glob
+    import shutil
+    import subprocess
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for path in glob.glob(os.path.join(root, "*.py")) + [os.path.join(root, "pytest.ini")]:
+        shutil.copy(path, tmp_path)
+    (tmp_path / "tests").mkdir()
+    for name in ("conftest.py", "test_dape.py"):
+        shutil.copy(os.path.join(root, "tests", name), tmp_path / "tests")
+    (tmp_path / "tests" / "test_edit.py").write_text(
+        "import pytest, torch\nfrom model import GPT, GPTConfig\n\n\n"
+        "def test_a_model_runs():\n"
+        "    cfg = GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=2, n_embd=8, pos='kerple', dape='v1')\n"
+        "    GPT(cfg)(torch.zeros(1, 8, dtype=torch.long))\n\n\n"
+        "@pytest.mark.recorded_dape\ndef test_a_fast_path():\n    pass\n")
+    record = "tests/test_dape.py::test_the_fast_paths_record_the_dape_py_they_implement"
+
+    def suite():
+        out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rs", "tests/test_edit.py",
+                              record], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        return out.stdout + out.stderr
+
+    text = suite()
+    assert "3 passed" in text and "dape.py is edited" not in text, text
+    source = (tmp_path / "dape.py").read_text()
+    assert source.count("nn.LeakyReLU(SLOPE),") == 1
+    (tmp_path / "dape.py").write_text(source.replace("nn.LeakyReLU(SLOPE),", "nn.GELU(),"))
+    text = suite()
+    assert re.search(r"=+ dape\.py is edited =+\nDAPEV1\.__init__ is not the dape\.py that the fast paths implement "
+                     r"\(edited\?\): the plain form ran it everywhere", text), text
+    assert "1 failed, 1 passed, 1 skipped" in text, text
+    assert "dape.py is not the version that the fast paths implement: the plain form runs it" in text
+    assert "running the plain form (dape.py) for these calls" in text  # the warning, shown
+    assert re.search(r"SKIPPED .*test_edit\.py:\d+: dape\.py is edited \(DAPEV1", text), text

@@ -46,6 +46,7 @@ def test_the_plain_form_as_the_kernel_passes(monkeypatch):
     assert dape_check.check(*call()) == (None, None)
 
 
+@pytest.mark.recorded_dape
 def test_an_error_that_a_constant_incoming_gradient_hides(monkeypatch):
     plant(monkeypatch, lambda *a: FlipGradient.apply(dape_check.attend(*a)))
     why, below = dape_check.check(*call())

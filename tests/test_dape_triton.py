@@ -263,6 +263,7 @@ def test_v2_prefix_consistency():
     torch.testing.assert_close(block, full[:, :, T:], rtol=0, atol=1e-5)
 
 
+@pytest.mark.recorded_dape
 @pytest.mark.parametrize("version", ["v1", "v2"])
 def test_matches_dape_module(version):
     """Against dape.py's module: softmax(module(A, B, future, mask_future=True)) @ v, output and weight
@@ -433,6 +434,7 @@ def test_fit_table_entries_are_what_the_compiler_says():
         assert {k: row[k] for k in result} == result, (key, result, row)
 
 
+@pytest.mark.recorded_dape
 @pytest.mark.slow
 def test_fit_table_covers_every_combination_and_each_fits():
     """The table was made from these kernels (dape_triton.source_hash(): their source, launch settings and

@@ -86,6 +86,7 @@ def test_layer_attention_is_softmax_of_logits_plus_the_bias(dape):
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.recorded_dape
 @pytest.mark.parametrize("dape", ["v1", "v2"])
 def test_gate_gradients_through_dape_match_the_plain_form(dape):
     """A + D + f(A, D), D per sequence: DAPE's fast path (on the CPU, tile by tile with its own backward)

@@ -17,6 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = gpu_check.models.split(",")
 
 
+@pytest.mark.recorded_dape
 def test_the_dry_run_goes_through_every_part(tmp_path):
     out = tmp_path / "gpu.json"
     run = subprocess.run([sys.executable, "gpu_check.py", "--dry", "--jobs=2", f"--out={out}"], cwd=ROOT,

@@ -20,6 +20,8 @@ import dape_triton  # noqa: E402
 from model import GPT, GPTConfig, KVCache  # noqa: E402
 from triton.runtime.errors import OutOfResources, PTXASError  # noqa: E402
 
+# the model's paths against each other and the kernel's check, on the dape.py that the fast paths implement
+pytestmark = pytest.mark.recorded_dape
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(block_size=8, vocab_size=32, n_layer=2, n_head=3, n_embd=12, dape_width=6)
 

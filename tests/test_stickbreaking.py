@@ -273,6 +273,7 @@ def loss_and_grads(model, idx):
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
+@pytest.mark.recorded_dape
 @pytest.mark.parametrize("tiles", [True, False])
 @pytest.mark.parametrize("dape", ["v1", "v2"])
 @pytest.mark.parametrize("option", list(OPTIONS))
@@ -351,6 +352,7 @@ def test_config_errors(kwargs, message):
         GPTConfig(block_size=16, vocab_size=10, n_layer=1, n_head=2, n_embd=8, **kwargs)
 
 
+@pytest.mark.recorded_dape
 @pytest.mark.parametrize("option, what", [("sb", "stick-breaking attention"),
                                           ("logn", "log-length scaling of the logits")])
 def test_the_fused_kernel_is_refused_with_the_reason(monkeypatch, option, what):
