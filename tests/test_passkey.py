@@ -5,6 +5,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -888,6 +889,30 @@ def test_retest_of_the_share_of_seeds_that_learned(tmp_path):
     assert cells[2].startswith(f"2 of 6 vs 6 of 6: behind, exact {common.p_text(p(2))}, Holm ")
     assert table.endswith(" over every seed (the shares of seeds that learned among them), none over the seeds that "
                           "learned (too few for a test under both).")
+
+
+def test_retest_counts_the_conclusions_over_every_seed_apart(tmp_path):
+    """The caption counts the conclusions over every seed (the share of seeds that learned among them) apart from
+    those over the seeds that learned, each the sum of its rows' 'at k of n' (the share's 'yes'). Here they differ:
+    DAPE-Kerple's seeds 0-3 learn alike under both roundings, its seeds 4 and 5 fail under both, at 0% under the
+    first and 30% under the second, which moves the comparisons over every seed only."""
+    kerple = {('kerple', s): [1.0, 0.5, 0.2] for s in range(6)}
+    learned = {('dape-kerple', s): [1.0, 0.6 + 0.01 * s, 0.3] for s in range(4)}
+    a = {**kerple, **learned, **{('dape-kerple', s): [0.0, 0.0, 0.0] for s in (4, 5)}}
+    b = {**kerple, **learned, **{('dape-kerple', s): [0.3, 0.6, 0.3] for s in (4, 5)}}
+    table = EP.main([f"--tables_from={_retest_file(tmp_path / 'a.json', a, 'AVX512')}",
+                     f"--rounding_from={_retest_file(tmp_path / 'b.json', b, 'DEFAULT', suffix='_default')}"])
+    held, total = {'learned': 0, 'all': 0}, {'learned': 0, 'all': 0}
+    for measure in ('exact match', 'log-likelihood per answer token'):
+        for which in ('learned', 'all'):
+            k, n = map(int, re.match(r"at (\d+) of (\d+)",
+                                     _cells(table, f"| dape-kerple - kerple | {measure} | {which} |")[5]).groups())
+            held[which], total[which] = held[which] + k, total[which] + n
+    share = _cells(table, '| dape-kerple - kerple | 4 of 6 vs 6 of 6')[3]
+    held['all'], total['all'] = held['all'] + (share == 'yes'), total['all'] + 1
+    assert (held, total) == ({'learned': 4, 'all': 3}, {'learned': 6, 'all': 7})
+    assert table.endswith(" 7 of 13 conclusions hold under both: 3 of 7 over every seed (the shares of seeds that "
+                          "learned among them), 4 of 6 over the seeds that learned, which the rounding chooses.")
 
 
 def test_figure_draws_the_tables_over_seeds_a_column_per_rounding(tmp_path):
