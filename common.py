@@ -89,11 +89,10 @@ def read_checkpoint_file(path, keys=('model', 'model_args'), device='cpu'):
     missing = [k for k in keys if k not in ckpt] if isinstance(ckpt, dict) else list(keys)
     if missing:
         raise ValueError(f"{path} is not a train.py checkpoint: it lacks {missing}")
-    unknown = sorted(set(ckpt['model_args']) - {f.name for f in fields(GPTConfig)}) \
-        if isinstance(ckpt['model_args'], dict) else None
-    if unknown is None:
+    if not isinstance(ckpt['model_args'], dict):
         raise ValueError(f"{path} is not a train.py checkpoint: its model_args is a "
                          f"{type(ckpt['model_args']).__name__}, not a dict of options")
+    unknown = sorted(set(ckpt['model_args']) - {f.name for f in fields(GPTConfig)})
     if unknown:
         raise ValueError(f"{path} has model options this model.py does not know: {unknown}; use it with the "
                          f"code that wrote it")

@@ -7,17 +7,19 @@ Appendix J (tile B over the batch, concatenate, channels-last MLP or (1, k) conv
 float64, so that float32 rounding is the only difference allowed."""
 
 import functools
+import glob
 import itertools
 import json
 import os
 import re
+import shutil
+import subprocess
 import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-import dape
 import dape_paths
 import dape_torch
 import fingerprint
@@ -289,14 +291,14 @@ def test_the_fast_paths_record_the_dape_py_they_implement():
     among the tests of the fast paths, which conftest.py then skips): the plain form runs it meanwhile, with one
     warning. Whoever wants the fast paths on the edit changes them to compute it (their equality tests above and
     in tests/test_dape_triton.py must pass) and sets the record to what the message says."""
-    now = {cls.__qualname__: fingerprint.definition([cls]) for cls in (dape.DAPEV1, dape.DAPEV2)}
+    now = {cls.__qualname__: fingerprint.definition([cls]) for cls in (DAPEV1, DAPEV2)}
     lines = [f'    "{c}": {{\n' + "".join(f'        "{k}": {json.dumps(d[k])},\n' for k in sorted(d, key=str.lower))
              + "    }," for c, d in now.items()]
     assert now == dape_torch.IMPLEMENTS, (
         "dape.py is not the version that the fast paths implement: the plain form runs it. To run it on the fast "
         "paths, change dape_torch.py and dape_triton.py to compute it, then set dape_torch.IMPLEMENTS to:\n"
         + "\n".join(lines))
-    for cls in (dape.DAPEV1, dape.DAPEV2):
+    for cls in (DAPEV1, DAPEV2):
         assert dape_paths.code_differs(cls(4)) is None
 
 
@@ -305,9 +307,6 @@ def test_the_suite_on_an_edited_dape_py(tmp_path):
     """A reader's edit of dape.py (V1's LeakyReLU made a GELU), in a copy of the repository: the suite says so at
     its end, a model runs the edit (the plain form's warning is shown, not an error), the tests marked
     recorded_dape are skipped saying why, and the record test fails saying what to update. Unedited, none of it."""
-    import glob
-    import shutil
-    import subprocess
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for path in glob.glob(os.path.join(root, "*.py")) + [os.path.join(root, "pytest.ini")]:
         shutil.copy(path, tmp_path)
