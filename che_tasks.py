@@ -18,7 +18,7 @@ that did not learn the task says nothing about extrapolation. DAPE-X against X i
 means with its 95% t interval cut to the possible range (accuracy is bounded), Welch's p and the
 exact permutation test's p with its Holm adjustment over the table's comparisons, over the seeds that
 learned the task and, labelled apart, over every seed; how many seeds learned comes with its exact
-binomial interval. Where the runs keep their accuracy per test length, tables per length give every
+binomial interval, and DAPE-X's share against X's with the same exact test on each seed's 1 or 0. Where the runs keep their accuracy per test length, tables per length give every
 seed's figures (no threshold) and DAPE-X minus X at each length. Single cells,
 a tasks x encodings grid shaped like Table 2, JSON (every run kept; save_runs: the figures the tables
 over seeds and per length are made of, small enough to commit, merged into the file so that a rerun seed
@@ -657,19 +657,36 @@ def comparison_pairs(keys):
     return pairs
 
 
+def _compare_shares(a, b, threshold):
+    """The share of seeds that learned, runs a against runs b: compare_means of each seed's 1 (learned) or 0, whose
+    exact p is then a conditional test like Fisher's; {'status': 'n/s'} where a run has no ID score."""
+    if any(r['id_score'] is None for r in a + b):
+        return {'status': 'n/s'}
+    return compare_means([float(is_learned(r, threshold)) for r in a], [float(is_learned(r, threshold)) for r in b],
+                         bounds=(0.0, 1.0))
+
+
 def seed_comparisons(rows):
     """The comparisons of the tables over seeds, rows from seed_rows: for each pair of comparison_pairs,
-    [OOD over the seeds that learned, OOD over every seed, ID over every seed] (compare_means), with Holm's
-    adjustment over all of them (one table). -> [(key, base key, [three comparisons])]."""
+    [OOD over the seeds that learned, OOD over every seed, ID over every seed, the share of seeds that learned]
+    (compare_means), with Holm's adjustment over all of them (one table). -> [(key, base key, [four comparisons])]."""
     by_key = {(t, p, d, lr): (runs, threshold) for t, p, d, lr, runs, threshold in rows}
     out = []
     for key, base_key in comparison_pairs(by_key):
         (runs, threshold), (base, _) = by_key[key], by_key[base_key]
         ood = lambda rs, only_learned: [r['score'] for r in rs if is_learned(r, threshold) or not only_learned]
         out.append((key, base_key, [_compare(ood(runs, True), ood(base, True)), _compare(ood(runs, False), ood(base, False)),
-                                    _compare([r['id_score'] for r in runs], [r['id_score'] for r in base])]))
+                                    _compare([r['id_score'] for r in runs], [r['id_score'] for r in base]),
+                                    _compare_shares(runs, base, threshold)]))
     holm_over([c for *_, cs in out for c in cs])
     return out
+
+
+def share_cell(runs, base, threshold, c):
+    """The learned cell of a comparison row: '2 of 3 vs 3 of 3, exact 1, Holm 1' (the shares' test, c)."""
+    k = lambda rs: sum(is_learned(r, threshold) for r in rs)
+    text = f"{k(runs)} of {len(runs)} vs {k(base)} of {len(base)}"
+    return text + (f", exact {p_text(c['p_exact'])}, Holm {p_text(c['p_holm'])}" if c['status'] == 'ok' else '')
 
 
 def seeds_table(cells, tasks, columns, cfg):
@@ -677,10 +694,10 @@ def seeds_table(cells, tasks, columns, cfg):
     the task (ID at least learned_threshold) with the exact binomial interval of that share, ID accuracy
     over every seed and the extrapolation (OOD) scores over the seeds that learned it, as the mean with
     its 95% t interval (_mean_ci_text), with the per-seed figures (those of seeds that did not learn it in
-    brackets: they say nothing about extrapolation). Then a row per comparison of seed_comparisons: the
-    difference of the means with its 95% t interval cut to the possible range, Welch's two-sided p, the exact
-    p and that p adjusted by Holm's method over every comparison of the table. -> the Markdown tables with
-    their caption."""
+    brackets: they say nothing about extrapolation). Then a row per comparison of seed_comparisons: how many
+    seeds learned on each side with the exact p of the two shares, and for OOD and ID the difference of the
+    means with its 95% t interval cut to the possible range, Welch's two-sided p, the exact p; each exact p
+    with its Holm adjustment over every comparison of the table. -> the Markdown tables with their caption."""
     several_rates = len(parse_learning_rates(cfg)) > 1
     rows = seed_rows(cells, tasks, columns, cfg)
     variants = sorted({v for t in tasks for v in TASKS[t].variants})
@@ -711,9 +728,8 @@ def seeds_table(cells, tasks, columns, cfg):
         t, p, d, lr = key
         lines.append(f"| {t} | {encoding_label(p, d)} vs {encoding_label(p, base_key[2])} |"
                      + (f" {lr:g} |" if several_rates else '')
-                     + f" {sum(is_learned(r, threshold) for r in runs)} of {len(runs)} vs "
-                     f"{sum(is_learned(r, threshold) for r in base)} of {len(base)} | "
-                     + ' | '.join(cell for c in cs for cell in _difference_cells(c)) + ' |')
+                     + f" {share_cell(runs, base, threshold, cs[3])} | "
+                     + ' | '.join(cell for c in cs[:3] for cell in _difference_cells(c)) + ' |')
     seeds = sorted({r['seed'] for *_, runs, _ in rows for r in runs})
     thresholds = [f"{learned_threshold(TASKS[t], cfg):.4g}% for {t}" for t in tasks]
     lines += ['', f"Accuracy (%) over seeds {','.join(map(str, seeds))}: {MEAN_CI_TEXT}; per seed in "
@@ -722,7 +738,10 @@ def seeds_table(cells, tasks, columns, cfg):
                   f"95% interval of the share of seeds. ID over every seed; OOD over the "
                   f"seeds that learned the task (in brackets, those that did not). Differences: DAPE-X's mean minus "
                   f"X's with its {interval_text(bounded=True)}; n/a: fewer than two seeds a side. n/s: not servable "
-                  f"at the test lengths."]
+                  f"at the test lengths."
+                  + (" In the learned column of a comparison, the exact p of the difference between the shares of seeds "
+                     "that learned (the same permutation test on each seed's 1, learned, or 0: a conditional test like "
+                     "Fisher's, two-sided by doubling the smaller tail) and its Holm adjustment." if compared else '')]
     caption = tests_caption([c for *_, cs in compared for c in cs])
     if caption:
         lines[-1] += ' ' + caption
@@ -889,8 +908,9 @@ def retest_tables(cells_a, cells_b, tasks, columns, cfg):
     count. Three tables: per encoding, how many seeds learned under each and how many changed sides, and
     how ID, OOD and the per-length accuracies move (Pearson's r between the two, the mean absolute move);
     per run, learned or not, ID, OOD and the longest length's accuracy under both; and every comparison
-    the tables over seeds and per length make (DAPE-X against X), under each rounding, with whether its
-    conclusion (which side is ahead, and whether Holm's exact p is below ALPHA) holds under both."""
+    the tables over seeds and per length make (DAPE-X against X, the shares of seeds that learned included), under
+    each rounding, with whether its conclusion (which side is ahead, and whether Holm's exact p is below ALPHA)
+    holds under both."""
     key = lambda r: (r['seed'], r['learning_rate'])
     common_cells = {}
     for k in cells_a.keys() & cells_b.keys():
@@ -943,14 +963,20 @@ def retest_tables(cells_a, cells_b, tasks, columns, cfg):
               '|' + ' --- |' * 6]
     held = total = 0
     cell = lambda c: f"{difference_text(c)}, {p_text(c.get('p_holm'))}" if c['status'] == 'ok' else c['status']
+    by_key_a, by_key_b = ({(t, p, d, lr): (runs, threshold) for t, p, d, lr, runs, threshold in rows}
+                          for rows in (rows_a, rows_b))
+    shares = lambda by_key, k, base, c: (share_cell(by_key[k][0], by_key[base][0], by_key[k][1], c)
+                                         .replace(', exact', ': exact', 1))  # '2 of 3 vs 3 of 3: exact 1, Holm 1'
     by_pair_b = {(k, base): cb for k, base, cb in sb}  # both files hold the same runs, so the same pairs
     for k, base, ca in sa:
         cb = by_pair_b[(k, base)]
         name = f"{encoding_label(k[1], k[2])} vs {encoding_label(k[1], base[2])}"
-        for what, x, y in zip(('OOD, learned seeds', 'OOD, every seed', 'ID, every seed'), ca, cb):
+        for i, (what, x, y) in enumerate(zip(('OOD, learned seeds', 'OOD, every seed', 'ID, every seed',
+                                              'share of seeds that learned'), ca, cb)):
             ok = holds(x, y)
             held, total = held + bool(ok), total + (ok is not None)
-            checks.append(f"| {k[0]} | {name} | {what} | {cell(x)} ({verdict(x)}) | {cell(y)} ({verdict(y)}) | "
+            texts = ([cell(x), cell(y)] if i < 3 else [shares(by_key_a, k, base, x), shares(by_key_b, k, base, y)])
+            checks.append(f"| {k[0]} | {name} | {what} | {texts[0]} ({verdict(x)}) | {texts[1]} ({verdict(y)}) | "
                           f"{'n/a' if ok is None else 'yes' if ok else 'no'} |")
     for t in tasks:
         la_rows, lb_rows = [r for r in rows_a if r[0] == t], [r for r in rows_b if r[0] == t]
@@ -971,7 +997,8 @@ def retest_tables(cells_a, cells_b, tasks, columns, cfg):
                + f"learned: as in the tables over seeds, with the exact 95% interval; changed sides: runs learned under "
                f"one and not the other. r: Pearson's correlation between the two roundings over the seeds (per length: "
                f"over every seed and test length); mean move: the mean absolute difference, in accuracy points. "
-               f"Comparisons: each as its table computes it under each rounding (Holm over that table); ahead or "
+               f"Comparisons: each as its table computes it under each rounding (Holm over that table), the share of "
+               f"seeds that learned among them; ahead or "
                f"behind, * where Holm's exact p is below {ALPHA:g}; it holds where both say the same (n/a: no test "
                f"under one of them, fewer than two seeds a side or not servable). {held} of {total} conclusions "
                f"hold under both.")

@@ -731,13 +731,15 @@ def test_seeds_table_counts_learned_seeds_and_pairs_dape_with_its_baseline():
     pair = _row(table, '| reverse_string | DAPE-ALiBi vs ALiBi |')
     learned, every, ids = (common.compare_means(a, b, bounds=(0.0, 100.0)) for a, b in [
         ([70.0, 80.0], [60.0, 65.0]), ([70.0, 72.0, 80.0], [60.0, 55.0, 65.0]), ([75.0, 74.9, 100.0], [80.0, 70.0, 90.0])])
-    assert common.holm_over([learned, every, ids]) == 3  # the table's three comparisons
-    assert pair[2] == '2 of 3 vs 2 of 3'
+    share = common.compare_means([1.0, 0.0, 1.0], [1.0, 1.0, 0.0], bounds=(0.0, 1.0))  # learned: seeds 0, 2 against 0, 1
+    assert common.holm_over([learned, every, ids, share]) == 4  # the table's four comparisons
+    assert pair[2] == f"2 of 3 vs 2 of 3, exact {common.p_text(share['p_exact'])}, Holm {common.p_text(share['p_holm'])}"
     assert pair[3:] == _cells(learned) + _cells(every) + _cells(ids)
     assert pair[4] != pair[8]  # the seeds that did not learn change the test: they are not in the first
     assert -100 <= learned['ci'][0] <= learned['ci'][1] <= 100 and learned['ci_method'] == 't, clipped'
     caption = table.splitlines()[-1]
-    assert "CHE's rule since 2026-11-24" in caption and 'for the 3 comparisons of this table' in caption
+    assert "CHE's rule since 2026-11-24" in caption and 'for the 4 comparisons of this table' in caption
+    assert "In the learned column of a comparison, the exact p of the difference between the shares" in caption
     assert 'Smallest possible exact p: 0.33 with 2 and 2 seeds, 0.1 with 3 and 3 seeds.' in caption
     assert _row(table, '| reverse_string | Kerple |')[3] == '3 of 3 [29, 100]%'
     assert '75% for reverse_string' in table.splitlines()[-1]
@@ -749,7 +751,8 @@ def test_seeds_table_counts_learned_seeds_and_pairs_dape_with_its_baseline():
 
 def test_holm_counts_every_comparison_of_the_table():
     """Holm's adjustment is over every comparison of the table, not row by row: two pairs of 4 seeds fully apart
-    (exact p 2/70 each time) give six comparisons, each adjusted to at least 6 x 2/70."""
+    (exact p 2/70 each time) give six comparisons of means and two of the shares of seeds that learned (4 of 4
+    against 4 of 4: exact p 1), each adjusted to at least 8 x 2/70."""
     import common
     figures = {'none': [(s, 60.0 + s, 50.0 + s) for s in range(4)], 'v1': [(s, 90.0 + s, 80.0 + s) for s in range(4)]}
     cells = {('bucket_sort', pos, d): _cell('bucket_sort', pos, d, runs) for pos in ('alibi', 'kerple')
@@ -758,8 +761,28 @@ def test_holm_counts_every_comparison_of_the_table():
                           _cfg(seeds='0,1,2,3', learning_rate=1e-3))
     for pair in ('| bucket_sort | DAPE-ALiBi vs ALiBi |', '| bucket_sort | DAPE-Kerple vs Kerple |'):
         row = _row(table, pair)
-        assert row[5::4] == [common.p_text(2 / 70)] * 3 and row[6::4] == [common.p_text(6 * 2 / 70)] * 3
-    assert 'for the 6 comparisons of this table. Smallest possible exact p: 0.029 with 4 and 4 seeds.' in table
+        assert row[5::4] == [common.p_text(2 / 70)] * 3 and row[6::4] == [common.p_text(8 * 2 / 70)] * 3
+        assert row[2] == '4 of 4 vs 4 of 4, exact 1, Holm 1'
+    assert 'for the 8 comparisons of this table. Smallest possible exact p: 0.029 with 4 and 4 seeds.' in table
+
+
+@pytest.mark.parametrize('ka,na,kb,nb', [(3, 6, 6, 6), (0, 3, 3, 3), (1, 4, 3, 5), (5, 10, 10, 10), (2, 2, 2, 2)])
+def test_the_shares_of_seeds_that_learned_are_compared_by_the_conditional_exact_test(ka, na, kb, nb):
+    """DAPE-X's k of n seeds that learned against X's: the permutation test on each seed's 1 or 0 is the
+    hypergeometric test given the margins (scipy's hypergeom), two-sided by doubling the smaller tail; its Holm
+    adjustment counts it among the table's comparisons."""
+    stats = pytest.importorskip("scipy.stats")
+    import common
+    ids = lambda k, n: [(s, 90.0 if s < k else 10.0, 50.0) for s in range(n)]  # bucket_sort: learned from 60%
+    cells = {('bucket_sort', 'alibi', 'v1'): _cell('bucket_sort', 'alibi', 'v1', ids(ka, na)),
+             ('bucket_sort', 'alibi', 'none'): _cell('bucket_sort', 'alibi', 'none', ids(kb, nb))}
+    rows = C.seed_rows(cells, ['bucket_sort'], [('alibi', 'none'), ('alibi', 'v1')],
+                       _cfg(seeds=','.join(map(str, range(max(na, nb)))), learning_rate=1e-3))
+    (_, _, cs), = C.seed_comparisons(rows)
+    h = stats.hypergeom(na + nb, ka + kb, na)  # DAPE's count of learned seeds, given how many learned in all
+    want = min(1.0, 2 * min(h.cdf(ka), h.sf(ka - 1)))
+    assert cs[3]['p_exact'] == pytest.approx(want, rel=1e-9) and cs[3]['diff'] == pytest.approx(ka / na - kb / nb)
+    assert [c['p_holm'] for c in cs if c['status'] == 'ok'] == common.holm([c['p_exact'] for c in cs if c['status'] == 'ok'])
 
 
 def test_seeds_table_rows_per_learning_rate_and_unservable_runs():
@@ -775,16 +798,17 @@ def test_seeds_table_rows_per_learning_rate_and_unservable_runs():
                                                                   '(50.0), (51.0)']
     import common
     c = common.compare_means([70.0, 71.0], [60.0, 62.0], bounds=(0.0, 100.0))
-    # four comparisons in the table (the ID one at each rate, OOD at 0.001 twice), each p_exact 1/3 or 1: Holm 1
+    # six comparisons in the table (ID and the shares of seeds that learned at each rate, OOD at 0.001 twice), each
+    # p_exact 1/3 or 1: Holm 1
     assert _row(table, '| even_pairs | DAPE-ALiBi vs ALiBi | 0.001 |')[4:8] == [
         common.difference_text(c), common.p_text(c['p']), '0.33', '1']
-    assert 'for the 4 comparisons of this table' in table.splitlines()[-1]
+    assert 'for the 6 comparisons of this table' in table.splitlines()[-1]
     low = _row(table, '| even_pairs | DAPE-ALiBi | 0.0001 |')
     assert low[7:9] == ['n/s', 'n/s, 52.0']  # a run not servable at the test lengths: no mean, no test
     assert _row(table, '| even_pairs | DAPE-ALiBi vs ALiBi | 0.0001 |')[4:12] == ['n/s'] * 8
     cells[('even_pairs', 'alibi', 'v1')]['runs'][2]['score'] = 53.0  # servable now; ALiBi learned in no seed
     table = C.seeds_table(cells, ['even_pairs'], [('alibi', 'none'), ('alibi', 'v1')], cfg)
-    assert _row(table, '| even_pairs | DAPE-ALiBi vs ALiBi | 0.0001 |')[3:8] == ['2 of 2 vs 0 of 2', 'n/a: 0 seeds', '-',
+    assert _row(table, '| even_pairs | DAPE-ALiBi vs ALiBi | 0.0001 |')[3:8] == ['2 of 2 vs 0 of 2, exact 0.33, Holm 1', 'n/a: 0 seeds', '-',
                                                                               '-', '-']
     with pytest.raises(ValueError, match='learned_frac must be in'):
         C.check_config(_cfg(learned_frac=1.5))
@@ -889,7 +913,7 @@ def test_dape_with_f_zero_at_init_is_a_column_of_its_own(tmp_path):
     cells = {('bucket_sort', 'alibi', d): _cell('bucket_sort', 'alibi', d, runs) for d, runs in figures.items()}
     table = C.seeds_table(cells, ['bucket_sort'], [('alibi', 'none'), ('alibi', 'v1'), ('alibi', 'v1:zero')],
                           _cfg(seeds='0,1', learning_rate=1e-3))
-    assert _row(table, '| bucket_sort | DAPE-ALiBi (zero init) vs ALiBi |')[2] == '2 of 2 vs 2 of 2'
+    assert _row(table, '| bucket_sort | DAPE-ALiBi (zero init) vs ALiBi |')[2] == '2 of 2 vs 2 of 2, exact 1, Holm 1'
     # and against DAPE-ALiBi with the default init, over every seed
     against_default = _row(table, '| bucket_sort | DAPE-ALiBi (zero init) vs DAPE-ALiBi |')
     every = common.compare_means([82.0, 88.0], [60.0, 75.0], bounds=(0.0, 100.0))
@@ -975,8 +999,11 @@ def test_retest_tables_pair_the_same_runs_under_two_roundings():
     per_length = _row(table, '| bucket_sort | DAPE-ALiBi vs ALiBi | OOD at each of 2 lengths |')
     assert per_length[3].startswith('ahead at 2,') and per_length[4].startswith('ahead at 1,')
     assert per_length[5] == 'at 1 of 2; not at N=51'
+    # the shares of seeds that learned: DAPE ahead under the first (4 of 4 against 3 of 4), level under the second
+    share = _row(table, '| bucket_sort | DAPE-ALiBi vs ALiBi | share of seeds that learned |')
+    assert share[3:] == ['4 of 4 vs 3 of 4: exact 1, Holm 1 (ahead)', '3 of 4 vs 3 of 4: exact 1, Holm 1 (level)', 'no']
     held = sum(line.endswith('| yes |') for line in lines) + 1
-    assert lines[-1].endswith(f'{held} of 5 conclusions hold under both.')
+    assert held == 3 and lines[-1].endswith('3 of 6 conclusions hold under both.')
     assert 'seeds 0,1,2,3' in lines[-1]
     with pytest.raises(ValueError, match='rounding_from=.*name the first with tables_from'):
         C.check_config(_cfg(rounding_from='x.json'))
@@ -1031,7 +1058,7 @@ def test_retest_and_length_tables_where_some_runs_keep_no_per_length_figures():
     columns, cfg = [('alibi', 'none'), ('alibi', 'v1')], _cfg(seeds='0,1,2', learning_rate=1e-3)
     for a, b in ((with_lengths, without), (without, with_lengths)):
         table = C.retest_tables(a, b, ['bucket_sort'], columns, cfg)
-        assert table.endswith('3 of 3 conclusions hold under both.'), table[-300:]
+        assert table.endswith('4 of 4 conclusions hold under both.'), table[-300:]
     row = _row(C.retest_tables(with_lengths, without, ['bucket_sort'], columns, cfg),
                '| bucket_sort | DAPE-ALiBi vs ALiBi | OOD at each of 2 lengths |')
     assert row[4:] == ['n/a: no per-length figures', 'n/a']
