@@ -56,7 +56,7 @@ import retrieval_data
 from che_data import TABLE2_TASKS, make_batch, max_sequence_length
 from common import (ALPHA, autocast as autocast_context, compare_means, difference_text, holds, holds_at, holm_over,
                     interval_text, k_of_n_text, kernels_of, mean_ci_text, p_text, pearson, pick_device,
-                    pick_dtype, pos_options, provenance, tests_caption, verdict, verdict_counts)
+                    pick_dtype, pos_options, provenance, retest_machines, tests_caption, verdict, verdict_counts)
 from configurator import check_device, configure
 from model import GPT, GPTConfig
 from positional import ENCODINGS
@@ -991,7 +991,9 @@ def retest_tables(cells_a, cells_b, tasks, columns, cfg):
             checks.append(f"| {t} | {name} | OOD at each of {len(lengths)} lengths | {verdict_counts(ca.values())} | "
                           f"{verdict_counts(cb.values()) if cb else 'n/a: no per-length figures'} | {text} |")
     seeds = sorted({r['seed'] for *_, runs, _ in rows_a for r in runs})
-    caption = (f"The same runs (seeds {','.join(map(str, seeds))}) trained under two roundings of one machine: "
+    machines = [(x.get('machine'), y.get('machine')) for (*_, ra, _), (*_, rb, _) in zip(rows_a, rows_b)
+                for x, y in zip(ra, rb)]
+    caption = (f"The same runs (seeds {','.join(map(str, seeds))}) trained under two roundings {retest_machines(machines)}: "
                f"ATen's {a_name} kernels and its {b_name} kernels, otherwise identical"
                + (" (DEFAULT: ATEN_CPU_CAPABILITY=default, ATen's plain C++ kernels). " if 'DEFAULT' in (a_name, b_name) else ". ")
                + f"learned: as in the tables over seeds, with the exact 95% interval; changed sides: runs learned under "

@@ -866,6 +866,32 @@ def kernels_of(machines):
     return ', '.join(sorted(found)) or 'unknown'
 
 
+def cpu_of(machine):
+    """The machine alone of a recorded machine text (machine_text): 'AMD EPYC (family 26, model 2), AVX512 kernels,
+    torch 2.13.0+cpu' -> 'AMD EPYC (family 26, model 2)'; None where none was recorded."""
+    if not machine or machine == 'unknown':
+        return None
+    return re.sub(r', (\w+ kernels|torch ).*$', '', machine)
+
+
+def retest_machines(pairs):
+    """Where a test-retest's runs were trained, for its caption, pairs [(machine text, its retest's)]: 'of one
+    machine', or 'of one machine per run (2 machines: A; B)' where the runs were spread over several; and the runs
+    whose retest ran on another machine than the run itself (their difference is not the rounding's alone), and
+    those without a recorded machine, are counted."""
+    cpus = [(cpu_of(a), cpu_of(b)) for a, b in pairs]
+    names = sorted({c for pair in cpus for c in pair if c})
+    apart = sum(a != b for a, b in cpus if a and b)
+    unknown = sum(not (a and b) for a, b in cpus)
+    text = 'of one machine' if len(names) <= 1 else f"of one machine per run ({len(names)} machines: {'; '.join(names)})"
+    if apart:
+        text += (f", except {apart} run{'s' if apart != 1 else ''} retrained on another machine (there the machine "
+                 f"differs too)")
+    if unknown:
+        text += f" ({unknown} run{'s' if unknown != 1 else ''} without a recorded machine)"
+    return text
+
+
 def pearson(x, y):
     """Pearson's correlation of two equally long lists; None where either does not vary or has fewer than 3."""
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)

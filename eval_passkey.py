@@ -65,8 +65,8 @@ import numpy as np
 from common import (ALPHA, InputError, auto_labels, autocast, checkpoints_and_config, compare_means, difference_text,
                     find_checkpoints, format_table, group_over_seeds, holds, holds_at, holm_over, interval_text,
                     jsonable, k_of_n_text, kernels_of, load_run, load_val, mean_ci, mean_ci_text, p_text, parse_list,
-                    pearson, pick_device, pick_dtype, resolve_data_dir, rope_scaling_options, setting_of,
-                    tests_caption, trained_by, training_setting, verdict, verdict_counts)
+                    pearson, pick_device, pick_dtype, resolve_data_dir, retest_machines, rope_scaling_options,
+                    setting_of, tests_caption, trained_by, training_setting, verdict, verdict_counts)
 from configurator import ConfigError
 from passkey import DIGITS, chance_logp_per_digit, passkey_prompts, score_prompts, summarize
 from positional import rope_scaling_label, set_rope_scaling
@@ -820,7 +820,8 @@ def retest_tables(protocol, rows_a, rows_b, lens):
                                  shares, True))
     kernels = (f"ATen's {ka} kernels and its {kb} kernels" if 'unknown' not in (ka, kb) else
                f"ATen's kernels as the runs record them, {ka} (tables_from) and {kb} (rounding_from; unknown: not recorded)")
-    caption = (f"The same runs (seeds {','.join(map(str, seeds))}) trained under two roundings of one machine: "
+    caption = (f"The same runs (seeds {','.join(map(str, seeds))}) trained under two roundings "
+               f"{retest_machines([(x.get('machine'), y.get('machine')) for x, y in zip(ra, rb)])}: "
                f"{kernels}, otherwise identical"
                + (" (DEFAULT: ATEN_CPU_CAPABILITY=default, ATen's plain C++ kernels)" if 'DEFAULT' in (ka, kb) else '') + ". "
                f"Only runs (model and seed) in both files count. {learned_text(protocol['learned_exact'])}, under each "

@@ -1004,7 +1004,19 @@ def test_retest_tables_pair_the_same_runs_under_two_roundings():
     assert share[3:] == ['4 of 4 vs 3 of 4: exact 1, Holm 1 (ahead)', '3 of 4 vs 3 of 4: exact 1, Holm 1 (level)', 'no']
     held = sum(line.endswith('| yes |') for line in lines) + 1
     assert held == 3 and lines[-1].endswith('3 of 6 conclusions hold under both.')
-    assert 'seeds 0,1,2,3' in lines[-1]
+    assert lines[-1].startswith('The same runs (seeds 0,1,2,3) trained under two roundings of one machine: ')
+    # DAPE-ALiBi's seed 3 trained, and retrained, on another machine; then its seed 2's retest too: the caption
+    # names both machines, and counts the run whose retest ran elsewhere, pairing each run with its own retest
+    caption = lambda: C.retest_tables(cells_a, cells_b, ['bucket_sort'], [('alibi', 'none'), ('alibi', 'v1')],
+                                      cfg).splitlines()[-1]
+    for cells in (cells_a, cells_b):
+        cells[('bucket_sort', 'alibi', 'v1')]['runs'][3]['machine'] = 'other cpu, AVX512 kernels, torch'
+    assert caption().startswith('The same runs (seeds 0,1,2,3) trained under two roundings of one machine per run (2 '
+                                'machines: cpu; other cpu): ')
+    cells_b[('bucket_sort', 'alibi', 'v1')]['runs'][2]['machine'] = 'other cpu, DEFAULT kernels, torch'
+    assert caption().startswith('The same runs (seeds 0,1,2,3) trained under two roundings of one machine per run (2 '
+                                'machines: cpu; other cpu), except 1 run retrained on another machine (there the machine '
+                                'differs too): ')
     with pytest.raises(ValueError, match='rounding_from=.*name the first with tables_from'):
         C.check_config(_cfg(rounding_from='x.json'))
 

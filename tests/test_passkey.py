@@ -891,6 +891,37 @@ def test_retest_of_the_share_of_seeds_that_learned(tmp_path):
                           "learned (too few for a test under both).")
 
 
+def test_retest_names_the_machines_its_runs_were_trained_on(tmp_path):
+    """The caption says on which machines the runs and their retests were trained: 'of one machine' where every run
+    and its retest share one; with runs spread over two machines, both named; a run whose retest ran on another
+    machine than the run itself, and a run without a recorded machine, counted apart (their differences are not
+    the rounding's alone)."""
+    import common
+    runs = {(setting, s): [1.0, 0.5, 0.2] for setting in ('kerple', 'dape-kerple') for s in range(3)}
+    a, b = _retest_file(tmp_path / 'a.json', runs, 'AVX512'), _retest_file(tmp_path / 'b.json', runs, 'DEFAULT')
+    caption = lambda: EP.main([f'--tables_from={a}', f'--rounding_from={b}']).splitlines()[-1]
+    assert caption().startswith("The same runs (seeds 0,1,2) trained under two roundings of one machine: ATen's AVX512")
+    intel = 'Intel(R) Xeon(R) Processor (family 6, model 207), {} kernels, torch 2.13.0+cpu'
+
+    def move(path, seed, machine):  # the runs of one seed (both settings) to another machine
+        saved = json.loads(open(path).read())
+        for r in saved['rows']:
+            if r['seed'] == seed:
+                r['machine'] = machine
+        open(path, 'w').write(json.dumps(saved))
+    move(a, 2, intel.format('AVX512'))
+    move(b, 2, intel.format('DEFAULT'))
+    assert caption().startswith("The same runs (seeds 0,1,2) trained under two roundings of one machine per run (2 "
+                                "machines: AMD EPYC (family 25, model 1); Intel(R) Xeon(R) Processor (family 6, model "
+                                "207)): ATen's AVX512 kernels and its DEFAULT kernels")
+    move(b, 1, intel.format('DEFAULT'))  # seed 1's retests on the Intel machine, its runs on the AMD one
+    move(b, 0, 'unknown')
+    assert ("of one machine per run (2 machines: AMD EPYC (family 25, model 1); Intel(R) Xeon(R) Processor (family 6, "
+            "model 207)), except 2 runs retrained on another machine (there the machine differs too) (2 runs without a "
+            "recorded machine): ATen's") in caption()
+    assert common.cpu_of('NVIDIA H200, torch 2.13.0') == 'NVIDIA H200' and common.cpu_of(None) is None
+
+
 def test_retest_counts_the_conclusions_over_every_seed_apart(tmp_path):
     """The caption counts the conclusions over every seed (the share of seeds that learned among them) apart from
     those over the seeds that learned, each the sum of its rows' 'at k of n' (the share's 'yes'). Here they differ:
