@@ -52,6 +52,20 @@ TESTS = "tests/test_gpu.py"
 COUNTS = re.compile(r"(\d+) (passed|failed|skipped|errors?|deselected|xfailed|xpassed)")
 
 
+def summary_counts(text, finished):
+    """{'passed': n, 'failed': n, 'errors': n, ...} from a pytest process's output: its summary line, which is the
+    last line, and only where the process finished (a process stopped at the limit never wrote one, and a line
+    before the last may be a test's own output in a failure's report). -> {} where there is none."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    last = lines[-1] if lines and finished else ""
+    counts = {}
+    if COUNTS.search(last) and " in " in last:
+        for number, what in COUNTS.findall(last):
+            what = "errors" if what.startswith("error") else what
+            counts[what] = counts.get(what, 0) + int(number)
+    return counts
+
+
 def run_tests(cfg):
     """Collect the GPU tests, run them in up to `jobs` processes at once (round-robin shards), each within
     the limit; returns their counts, failures, the processes' number and the seconds taken."""
@@ -74,10 +88,8 @@ def run_tests(cfg):
             p.kill()
             text = p.communicate()[0]
             res["timed_out"] += 1
-        summary = [line for line in text.splitlines() if COUNTS.search(line) and " in " in line]
-        for number, what in COUNTS.findall(summary[-1] if summary else ""):
-            what = "errors" if what.startswith("error") else what
-            counts[what] = counts.get(what, 0) + int(number)
+        for what, number in summary_counts(text, finished=p.returncode >= 0).items():
+            counts[what] = counts.get(what, 0) + number
         res["failures"] += [line for line in text.splitlines() if line.startswith(("FAILED", "ERROR"))]
     res.update(counts=counts, seconds=round(time.time() - t0, 1))
     return res
