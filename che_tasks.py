@@ -682,11 +682,12 @@ def seed_comparisons(rows):
     return out
 
 
-def share_cell(runs, base, threshold, c):
-    """The learned cell of a comparison row: '2 of 3 vs 3 of 3, exact 1, Holm 1' (the shares' test, c)."""
+def share_cell(runs, base, threshold, c, sep=', '):
+    """The learned cell of a comparison row: '2 of 3 vs 3 of 3, exact 1, Holm 1' (the shares' test, c; the
+    test-retest's sep ': ')."""
     k = lambda rs: sum(is_learned(r, threshold) for r in rs)
     text = f"{k(runs)} of {len(runs)} vs {k(base)} of {len(base)}"
-    return text + (f", exact {p_text(c['p_exact'])}, Holm {p_text(c['p_holm'])}" if c['status'] == 'ok' else '')
+    return text + (f"{sep}exact {p_text(c['p_exact'])}, Holm {p_text(c['p_holm'])}" if c['status'] == 'ok' else '')
 
 
 def seeds_table(cells, tasks, columns, cfg):
@@ -965,8 +966,7 @@ def retest_tables(cells_a, cells_b, tasks, columns, cfg):
     cell = lambda c: f"{difference_text(c)}, {p_text(c.get('p_holm'))}" if c['status'] == 'ok' else c['status']
     by_key_a, by_key_b = ({(t, p, d, lr): (runs, threshold) for t, p, d, lr, runs, threshold in rows}
                           for rows in (rows_a, rows_b))
-    shares = lambda by_key, k, base, c: (share_cell(by_key[k][0], by_key[base][0], by_key[k][1], c)
-                                         .replace(', exact', ': exact', 1))  # '2 of 3 vs 3 of 3: exact 1, Holm 1'
+    shares = lambda by_key, k, base, c: share_cell(by_key[k][0], by_key[base][0], by_key[k][1], c, sep=': ')
     by_pair_b = {(k, base): cb for k, base, cb in sb}  # both files hold the same runs, so the same pairs
     for k, base, ca in sa:
         cb = by_pair_b[(k, base)]
