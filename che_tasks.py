@@ -55,8 +55,8 @@ import che_data
 import retrieval_data
 from che_data import TABLE2_TASKS, make_batch, max_sequence_length
 from common import (ALPHA, autocast as autocast_context, compare_means, difference_text, holds, holds_at, holm_over,
-                    interval_text, k_of_n_text, kernels_of, mean_ci_text, p_text, pearson, pick_device,
-                    pick_dtype, pos_options, provenance, retest_machines, tests_caption, verdict, verdict_counts)
+                    interval_text, k_of_n_text, mean_ci_text, p_text, pearson, pick_device,
+                    pick_dtype, pos_options, provenance, retest_sides, tests_caption, verdict, verdict_counts)
 from configurator import check_device, configure
 from model import GPT, GPTConfig
 from positional import ENCODINGS
@@ -922,7 +922,9 @@ def retest_tables(cells_a, cells_b, tasks, columns, cfg):
     rows_a, rows_b = seed_rows(one(0), tasks, columns, cfg), seed_rows(one(1), tasks, columns, cfg)
     if not rows_a:
         return 'no run of these tasks and encodings is in both files'
-    a_name, b_name = (kernels_of(r.get('machine', '') for c in one(i).values() for r in c['runs']) for i in (0, 1))
+    machines = [(x.get('machine'), y.get('machine')) for (*_, ra, _), (*_, rb, _) in zip(rows_a, rows_b)
+                for x, y in zip(ra, rb)]
+    a_name, b_name, how = retest_sides(machines)
     fig = lambda v: 'n/s' if v is None else f"{v:.1f}"
     r_text = lambda r: 'n/a' if r is None else f"{r:+.2f}"
     move = lambda xs, ys: (f"{np.mean([abs(x - y) for x, y in zip(xs, ys)]):.1f}"
@@ -991,12 +993,7 @@ def retest_tables(cells_a, cells_b, tasks, columns, cfg):
             checks.append(f"| {t} | {name} | OOD at each of {len(lengths)} lengths | {verdict_counts(ca.values())} | "
                           f"{verdict_counts(cb.values()) if cb else 'n/a: no per-length figures'} | {text} |")
     seeds = sorted({r['seed'] for *_, runs, _ in rows_a for r in runs})
-    machines = [(x.get('machine'), y.get('machine')) for (*_, ra, _), (*_, rb, _) in zip(rows_a, rows_b)
-                for x, y in zip(ra, rb)]
-    caption = (f"The same runs (seeds {','.join(map(str, seeds))}) trained under two roundings {retest_machines(machines)}: "
-               f"ATen's {a_name} kernels and its {b_name} kernels, otherwise identical"
-               + (" (DEFAULT: ATEN_CPU_CAPABILITY=default, ATen's plain C++ kernels). " if 'DEFAULT' in (a_name, b_name) else ". ")
-               + f"learned: as in the tables over seeds, with the exact 95% interval; changed sides: runs learned under "
+    caption = (f"The same runs (seeds {','.join(map(str, seeds))}) trained {how}. learned: as in the tables over seeds, with the exact 95% interval; changed sides: runs learned under "
                f"one and not the other. r: Pearson's correlation between the two roundings over the seeds (per length: "
                f"over every seed and test length); mean move: the mean absolute difference, in accuracy points. "
                f"Comparisons: each as its table computes it under each rounding (Holm over that table), the share of "

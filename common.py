@@ -875,21 +875,47 @@ def cpu_of(machine):
 
 
 def retest_machines(pairs):
-    """Where a test-retest's runs were trained, for its caption, pairs [(machine text, its retest's)]: 'of one
-    machine', or 'of one machine per run (2 machines: A; B)' where the runs were spread over several; and the runs
-    whose retest ran on another machine than the run itself (their difference is not the rounding's alone), and
-    those without a recorded machine, are counted."""
+    """Where a test-retest's runs were trained, pairs [(machine text, its retest's)]: 'one machine', or 'one machine
+    per run (2 machines: A; B)' where the runs were spread over several; and the runs whose retest ran on another
+    machine than the run itself (their difference is not the rounding's alone), and those without a recorded
+    machine, are counted."""
     cpus = [(cpu_of(a), cpu_of(b)) for a, b in pairs]
     names = sorted({c for pair in cpus for c in pair if c})
     apart = sum(a != b for a, b in cpus if a and b)
     unknown = sum(not (a and b) for a, b in cpus)
-    text = 'of one machine' if len(names) <= 1 else f"of one machine per run ({len(names)} machines: {'; '.join(names)})"
+    text = 'one machine' if len(names) <= 1 else f"one machine per run ({len(names)} machines: {'; '.join(names)})"
     if apart:
         text += (f", except {apart} run{'s' if apart != 1 else ''} retrained on another machine (there the machine "
                  f"differs too)")
     if unknown:
         text += f" ({unknown} run{'s' if unknown != 1 else ''} without a recorded machine)"
     return text
+
+
+def retest_sides(pairs):
+    """What a test-retest's two sides differ in, from its runs' recorded machine texts, pairs [(run's, its
+    retest's)]: (a_name, b_name, how), the sides' names for the tables' columns and, for the caption, how the same
+    runs were trained twice. Two kernels: the sides are the kernels, a change of rounding on one machine (as
+    retest_machines says where). The same kernels on two machines, one a side: the sides are the machines, a change
+    of machine alone. Otherwise (the same kernels on the same machines, or kernels not recorded) the sides are the
+    two files, tables_from and rounding_from."""
+    ka, kb = kernels_of(a for a, _ in pairs), kernels_of(b for _, b in pairs)
+    if 'unknown' not in (ka, kb) and ka != kb:
+        return ka, kb, (f"under two roundings of {retest_machines(pairs)}: ATen's {ka} kernels and its {kb} kernels, "
+                        f"otherwise identical" + (" (DEFAULT: ATEN_CPU_CAPABILITY=default, ATen's plain C++ kernels)"
+                                                  if 'DEFAULT' in (ka, kb) else ''))
+    cpus_a, cpus_b = {cpu_of(a) for a, _ in pairs}, {cpu_of(b) for _, b in pairs}
+    if ka == kb != 'unknown' and len(cpus_a) == len(cpus_b) == 1 and None not in cpus_a | cpus_b and cpus_a != cpus_b:
+        (ma,), (mb,) = cpus_a, cpus_b
+        na, nb = (re.sub(r' \(family .*\)$', '', m) for m in (ma, mb))
+        if na == nb:  # two models of one name: the names in full
+            na, nb = ma, mb
+        return na, nb, (
+            f"twice with ATen's {ka} kernels, on two machines: {ma} (tables_from), then {mb} (rounding_from), "
+            f"otherwise identical")
+    kernels = (f"ATen's {ka} kernels both times" if ka == kb != 'unknown' else
+               f"ATen's kernels as the runs record them, {ka} (tables_from) and {kb} (rounding_from; unknown: not recorded)")
+    return f"{ka} (tables_from)", f"{kb} (rounding_from)", f"twice, on {retest_machines(pairs)}, with {kernels}"
 
 
 def pearson(x, y):

@@ -65,7 +65,7 @@ import numpy as np
 from common import (ALPHA, InputError, auto_labels, autocast, checkpoints_and_config, compare_means, difference_text,
                     find_checkpoints, format_table, group_over_seeds, holds, holds_at, holm_over, interval_text,
                     jsonable, k_of_n_text, kernels_of, load_run, load_val, mean_ci, mean_ci_text, p_text, parse_list,
-                    pearson, pick_device, pick_dtype, resolve_data_dir, retest_machines, rope_scaling_options,
+                    pearson, pick_device, pick_dtype, resolve_data_dir, retest_sides, rope_scaling_options,
                     setting_of, tests_caption, trained_by, training_setting, verdict, verdict_counts)
 from configurator import ConfigError
 from passkey import DIGITS, chance_logp_per_digit, passkey_prompts, score_prompts, summarize
@@ -754,8 +754,7 @@ def retest_tables(protocol, rows_a, rows_b, lens):
         return 'no run (setting and seed) is in both files'
     ra, rb = [by_a[k] for k in both], [by_b[k] for k in both]
     ga, gb = group_rows(ra, lens, protocol['learned_exact']), group_rows(rb, lens, protocol['learned_exact'])
-    ka, kb = kernels_of(r.get('machine') for r in ra), kernels_of(r.get('machine') for r in rb)
-    a_name, b_name = (ka, kb) if ka != kb else (f"{ka} (tables_from)", f"{kb} (rounding_from)")
+    a_name, b_name, how = retest_sides([(x.get('machine'), y.get('machine')) for x, y in zip(ra, rb)])
     r_text = lambda r: 'n/a' if r is None else f"{r:+.2f}"
     move = lambda xs, ys, fmt: fmt.format(np.mean(np.abs(np.subtract(xs, ys)))) if xs else 'n/a'
     learned = lambda g: 'n/a' if g['learned'] is None else k_of_n_text(g['learned'], g['n'])
@@ -818,13 +817,7 @@ def retest_tables(protocol, rows_a, rows_b, lens):
     if shares:
         text.append(format_table(['DAPE-X against X, seeds that learned', a_name, b_name, 'holds under both'],
                                  shares, True))
-    kernels = (f"ATen's {ka} kernels and its {kb} kernels" if 'unknown' not in (ka, kb) else
-               f"ATen's kernels as the runs record them, {ka} (tables_from) and {kb} (rounding_from; unknown: not recorded)")
-    caption = (f"The same runs (seeds {','.join(map(str, seeds))}) trained under two roundings "
-               f"{retest_machines([(x.get('machine'), y.get('machine')) for x, y in zip(ra, rb)])}: "
-               f"{kernels}, otherwise identical"
-               + (" (DEFAULT: ATEN_CPU_CAPABILITY=default, ATen's plain C++ kernels)" if 'DEFAULT' in (ka, kb) else '') + ". "
-               f"Only runs (model and seed) in both files count. {learned_text(protocol['learned_exact'])}, under each "
+    caption = (f"The same runs (seeds {','.join(map(str, seeds))}) trained {how}. Only runs (model and seed) in both files count. {learned_text(protocol['learned_exact'])}, under each "
                f"rounding; changed sides: runs learned under one and not the other. r: Pearson's correlation between "
                f"the two roundings over every seed and length (n/a: fewer than 3 pairs, or one side does not vary); "
                f"mean move: the mean absolute difference, in points of exact match, in nats of log-likelihood per "

@@ -1017,6 +1017,16 @@ def test_retest_tables_pair_the_same_runs_under_two_roundings():
     assert caption().startswith('The same runs (seeds 0,1,2,3) trained under two roundings of one machine per run (2 '
                                 'machines: cpu; other cpu), except 1 run retrained on another machine (there the machine '
                                 'differs too): ')
+    # every run retrained with the same kernels on another machine: the sides are the two machines, not a rounding
+    for cells, machine in ((cells_a, 'cpu, AVX512 kernels, torch'), (cells_b, 'other cpu, AVX512 kernels, torch')):
+        for cell in cells.values():
+            for r in cell['runs']:
+                r['machine'] = machine
+    table = C.retest_tables(cells_a, cells_b, ['bucket_sort'], [('alibi', 'none'), ('alibi', 'v1')], cfg)
+    assert table.splitlines()[0].startswith('| Task | Encoding | seeds | learned, cpu | learned, other cpu |')
+    assert table.splitlines()[-1].startswith("The same runs (seeds 0,1,2,3) trained twice with ATen's AVX512 kernels, "
+                                             "on two machines: cpu (tables_from), then other cpu (rounding_from), "
+                                             "otherwise identical. learned: ")
     with pytest.raises(ValueError, match='rounding_from=.*name the first with tables_from'):
         C.check_config(_cfg(rounding_from='x.json'))
 

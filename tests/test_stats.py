@@ -392,6 +392,36 @@ def test_retest_helpers():
     assert common.verdict(none) == none['status'] and common.holds(a, none) is None
 
 
+def test_retest_sides_says_what_differs_between_the_two_trainings():
+    """A test-retest's sides are the kernels where they differ (a rounding on one machine), the machines where the
+    kernels are the same and each side ran on one machine of its own (a machine alone), and the two files otherwise;
+    the caption's words say which of the three it is."""
+    amd, intel = 'AMD EPYC (family 26, model 2), {} kernels, torch 2', 'Intel(R) Xeon(R) Processor (family 6, model 207), {} kernels, torch 2'
+    a, b, how = common.retest_sides([(amd.format('AVX512'), amd.format('DEFAULT'))] * 3)
+    assert (a, b) == ('AVX512', 'DEFAULT')
+    assert how == ("under two roundings of one machine: ATen's AVX512 kernels and its DEFAULT kernels, otherwise "
+                   "identical (DEFAULT: ATEN_CPU_CAPABILITY=default, ATen's plain C++ kernels)")
+    a, b, how = common.retest_sides([(amd.format('AVX512'), intel.format('AVX512'))] * 3)
+    assert (a, b) == ('AMD EPYC', 'Intel(R) Xeon(R) Processor')
+    assert how == ("twice with ATen's AVX512 kernels, on two machines: AMD EPYC (family 26, model 2) (tables_from), "
+                   "then Intel(R) Xeon(R) Processor (family 6, model 207) (rounding_from), otherwise identical")
+    other = "AMD EPYC (family 25, model 1), AVX512 kernels, torch 2"  # two models of one name: named in full
+    assert common.retest_sides([(amd.format('AVX512'), other)])[:2] == ('AMD EPYC (family 26, model 2)',
+                                                                        'AMD EPYC (family 25, model 1)')
+    a, b, how = common.retest_sides([(amd.format('AVX512'), amd.format('AVX512'))])
+    assert (a, b) == ('AVX512 (tables_from)', 'AVX512 (rounding_from)')
+    assert how == "twice, on one machine, with ATen's AVX512 kernels both times"
+    a, b, how = common.retest_sides([(amd.format('AVX512'), None), (amd.format('AVX512'), intel.format('DEFAULT'))])
+    assert (a, b) == ('AVX512', 'DEFAULT')  # two kernels, with the runs that are not the rounding's alone counted
+    assert how.startswith("under two roundings of one machine per run (2 machines: AMD EPYC (family 26, model 2); "
+                          "Intel(R) Xeon(R) Processor (family 6, model 207)), except 1 run retrained on another machine "
+                          "(there the machine differs too) (1 run without a recorded machine): ATen's AVX512")
+    a, b, how = common.retest_sides([(None, None)])
+    assert (a, b) == ('unknown (tables_from)', 'unknown (rounding_from)')
+    assert how.endswith("ATen's kernels as the runs record them, unknown (tables_from) and unknown (rounding_from; "
+                        "unknown: not recorded)")
+
+
 def test_verdict_counts_and_where_conclusions_hold():
     """One pair's comparisons summed up in words, and the keys where both roundings say the same; keys without a
     test under both are left out of the count."""
