@@ -993,8 +993,9 @@ def retest_tables(cells_a, cells_b, tasks, columns, cfg):
             checks.append(f"| {t} | {name} | OOD at each of {len(lengths)} lengths | {verdict_counts(ca.values())} | "
                           f"{verdict_counts(cb.values()) if cb else 'n/a: no per-length figures'} | {text} |")
     seeds = sorted({r['seed'] for *_, runs, _ in rows_a for r in runs})
-    caption = (f"The same runs (seeds {','.join(map(str, seeds))}) trained {how}. learned: as in the tables over seeds, with the exact 95% interval; changed sides: runs learned under "
-               f"one and not the other. r: Pearson's correlation between the two roundings over the seeds (per length: "
+    caption = (f"The same runs (seeds {','.join(map(str, seeds))}) trained {how}. learned: as in the tables over "
+               f"seeds, with the exact 95% interval; changed sides: runs learned under one and not the other. "
+               f"r: Pearson's correlation between the two roundings over the seeds (per length: "
                f"over every seed and test length); mean move: the mean absolute difference, in accuracy points. "
                f"Comparisons: each as its table computes it under each rounding (Holm over that table), the share of "
                f"seeds that learned among them; ahead or "

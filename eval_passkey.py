@@ -817,8 +817,9 @@ def retest_tables(protocol, rows_a, rows_b, lens):
     if shares:
         text.append(format_table(['DAPE-X against X, seeds that learned', a_name, b_name, 'holds under both'],
                                  shares, True))
-    caption = (f"The same runs (seeds {','.join(map(str, seeds))}) trained {how}. Only runs (model and seed) in both files count. {learned_text(protocol['learned_exact'])}, under each "
-               f"rounding; changed sides: runs learned under one and not the other. r: Pearson's correlation between "
+    caption = (f"The same runs (seeds {','.join(map(str, seeds))}) trained {how}. Only runs (model and seed) in "
+               f"both files count. {learned_text(protocol['learned_exact'])}, under each rounding; changed sides: "
+               f"runs learned under one and not the other. r: Pearson's correlation between "
                f"the two roundings over every seed and length (n/a: fewer than 3 pairs, or one side does not vary); "
                f"mean move: the mean absolute difference, in points of exact match, in nats of log-likelihood per "
                f"answer token. Comparisons: DAPE-X minus X's exact match, and apart its log-likelihood per answer token, at "
