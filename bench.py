@@ -175,8 +175,8 @@ def model_size(name, cfg=None):
     """n_layer, n_head, n_embd, block_size, batch_size of a named size, then the explicit overrides."""
     if name in CONFIG_SIZES:
         found = {}
-        exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "config", CONFIG_SIZES[name])).read(),
-             {}, found)
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config", CONFIG_SIZES[name])
+        exec(open(path).read(), {"__file__": path}, found)  # __file__, as configurator.py gives it
         sz = {k: found[k] for k in SIZE_KEYS}
     elif name in SIZES:
         sz = dict(SIZES[name])
@@ -805,7 +805,8 @@ def config_head_shapes():
     for name in sorted(os.listdir(root)):
         if name.endswith(".py"):
             found = {}
-            exec(open(os.path.join(root, name)).read(), {}, found)
+            # __file__, as configurator.py gives it: a config may read the file beside it (config/passkey_cpu_2layer.py)
+            exec(open(os.path.join(root, name)).read(), {"__file__": os.path.join(root, name)}, found)
             if "n_head" in found:
                 H = found["n_head"]
                 hs = found["n_embd"] // H

@@ -205,3 +205,19 @@ def test_fit_table_marks_what_does_not_fit():
     assert lines[-1] == "Registers per thread: 200 to 255." and len(lines) == 6
     lines = bench.fit_markdown(entries, shapes, "float32").splitlines()
     assert lines[2] == "| 32x64, 32 (big) | V1 | 30 / 120 KB, 0 / 0 B refused | 30 / 230 KB, 0 / 0 B **no** |"
+
+
+def test_config_head_shapes_reads_every_config_that_sets_heads():
+    """Every config file that sets the heads, or runs another that does, is read, with __file__ set as
+    configurator.py sets it: config/passkey_cpu_2layer.py runs the file beside it through __file__ (2 of
+    passkey_cpu.py's layers, its heads)."""
+    import glob
+    import os
+    where = {name.split(" (")[0]: shape for shape, names in bench.config_head_shapes().items() for name in names}
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "config")
+    for path in glob.glob(os.path.join(root, "*.py")):
+        with open(path) as f:
+            text = f.read()
+        if "n_head" in text or "exec(" in text:
+            assert os.path.basename(path)[:-3] in where, path
+    assert where["passkey_cpu_2layer"] == where["passkey_cpu"]
