@@ -306,7 +306,9 @@ def test_the_fast_paths_record_the_dape_py_they_implement():
 def test_the_suite_on_an_edited_dape_py(tmp_path):
     """A reader's edit of dape.py (V1's LeakyReLU made a GELU), in a copy of the repository: the suite says so at
     its end, a model runs the edit (the plain form's warning is shown, not an error), the tests marked
-    recorded_dape are skipped saying why, and the record test fails saying what to update. Unedited, none of it."""
+    recorded_dape are skipped saying why, and the record test fails saying what to update. Unedited, none of it.
+    In CI (CI=true) the committed dape.py is never an edit: the edited copy stops the suite at its start, naming
+    what differs, and the unedited one passes."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for path in glob.glob(os.path.join(root, "*.py")) + [os.path.join(root, "pytest.ini")]:
         shutil.copy(path, tmp_path)
@@ -321,12 +323,14 @@ def test_the_suite_on_an_edited_dape_py(tmp_path):
         "@pytest.mark.recorded_dape\ndef test_a_fast_path():\n    pass\n")
     record = "tests/test_dape.py::test_the_fast_paths_record_the_dape_py_they_implement"
 
-    def suite():
+    def suite(ci=False):
+        env = {k: v for k, v in os.environ.items() if k != "CI"}
         out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rs", "tests/test_edit.py",
-                              record], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+                              record], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                             env=dict(env, CI="true") if ci else env)
         return out.stdout + out.stderr
 
-    text = suite()
+    text = suite(ci=True)
     assert "3 passed" in text and "dape.py is edited" not in text, text
     source = (tmp_path / "dape.py").read_text()
     assert source.count("nn.LeakyReLU(SLOPE),") == 1
@@ -338,3 +342,6 @@ def test_the_suite_on_an_edited_dape_py(tmp_path):
     assert "dape.py is not the version that the fast paths implement: the plain form runs it" in text
     assert "running the plain form (dape.py) for these calls" in text  # the warning, shown
     assert re.search(r"SKIPPED .*test_edit\.py:\d+: dape\.py is edited \(DAPEV1", text), text
+    text = suite(ci=True)
+    assert re.search(r"ERROR: CI=true and the committed dape\.py is taken for an edit: DAPEV1\.__init__ is not the "
+                     r"dape\.py", text) and " passed" not in text, text
