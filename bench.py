@@ -87,7 +87,8 @@ import torch
 import torch.nn.functional as F
 
 import dape_torch
-from common import code_version, cpu_name, format_table, machine_text
+from common import code_version, cpu_name, machine_text
+from results import format_table
 from configurator import config_defaults, configure
 from dape import DAPEV1, DAPEV2
 from model import GPT, GPTConfig, KVCache

@@ -54,9 +54,9 @@ import torch.nn.functional as F
 import che_data
 import retrieval_data
 from che_data import TABLE2_TASKS, make_batch, max_sequence_length
-from common import (ALPHA, autocast as autocast_context, compare_means, difference_text, holds, holds_at, holm_over,
-                    interval_text, k_of_n_text, mean_ci_text, p_text, pearson, pick_device,
-                    pick_dtype, pos_options, provenance, retest_sides, tests_caption, verdict, verdict_counts)
+from common import autocast as autocast_context, pick_device, pick_dtype, pos_options, provenance
+from results import (ALPHA, compare_means, difference_text, holds, holds_at, holm_over, interval_text, k_of_n_text,
+                     mean_ci_text, p_text, pearson, retest_sides, tests_caption, verdict, verdict_counts)
 from configurator import check_device, configure
 from model import GPT, GPTConfig
 from positional import ENCODINGS

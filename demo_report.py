@@ -27,8 +27,9 @@ import platform
 import shutil
 import sys
 
-from common import (ALPHA, holm_over, kernels_of, machine_text, mean_ci, p_text, permutation_test, provenance,
-                    significance, tests_caption, verdict)
+from common import machine_text, provenance
+from results import (ALPHA, holm_over, kernels_of, mean_ci, p_text, permutation_test, significance, tests_caption,
+                     verdict)
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 START, END = "<!-- demo-results:start -->", "<!-- demo-results:end -->"

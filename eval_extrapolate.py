@@ -52,11 +52,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common import (InputError, auto_labels, autocast, checkpoints_and_config, compare_means, difference_text,
-                    find_checkpoints, find_data_dir, format_table, group_over_seeds, holm_over, jsonable, load_run,
-                    load_val, mean_std_text, p_text, parse_list, pick_device, pick_dtype, provenance,
-                    resolve_data_dir, rope_scaling_options, setting_of, tests_caption, trained_by,
-                    training_data_dirs, training_setting)
+from common import (InputError, auto_labels, autocast, checkpoints_and_config, find_checkpoints, find_data_dir,
+                    load_run, load_val, parse_list, pick_device, pick_dtype, provenance, resolve_data_dir,
+                    rope_scaling_options, setting_of, trained_by, training_data_dirs, training_setting)
+from results import (compare_means, difference_text, format_table, group_over_seeds, holm_over, jsonable, mean_std_text,
+                     p_text, tests_caption)
 from configurator import ConfigError
 import probe
 from positional import rope_scaling_label, set_rope_scaling

@@ -62,11 +62,12 @@ import time
 
 import numpy as np
 
-from common import (ALPHA, InputError, auto_labels, autocast, checkpoints_and_config, compare_means, difference_text,
-                    find_checkpoints, format_table, group_over_seeds, holds, holds_at, holm_over, interval_text,
-                    jsonable, k_of_n_text, kernels_of, load_run, load_val, mean_ci, mean_ci_text, p_text, parse_list,
-                    pearson, pick_device, pick_dtype, resolve_data_dir, retest_sides, rope_scaling_options,
-                    setting_of, tests_caption, trained_by, training_setting, verdict, verdict_counts)
+from common import (InputError, auto_labels, autocast, checkpoints_and_config, find_checkpoints, load_run, load_val,
+                    parse_list, pick_device, pick_dtype, resolve_data_dir, rope_scaling_options, setting_of, trained_by,
+                    training_setting)
+from results import (ALPHA, compare_means, difference_text, format_table, group_over_seeds, holds, holds_at, holm_over,
+                     interval_text, jsonable, k_of_n_text, kernels_of, mean_ci, mean_ci_text, p_text, pearson,
+                     retest_sides, tests_caption, verdict, verdict_counts)
 from configurator import ConfigError
 from passkey import DIGITS, chance_logp_per_digit, passkey_prompts, score_prompts, summarize
 from positional import rope_scaling_label, set_rope_scaling

@@ -31,7 +31,8 @@ import sys
 import tempfile
 import time
 
-from common import code_version, cpu_name, format_table, machine_text
+from common import code_version, cpu_name, machine_text
+from results import format_table
 from configurator import config_defaults, configure
 
 # -----------------------------------------------------------------------------

@@ -694,8 +694,8 @@ def _row(table, start):
 
 def _cells(c):
     """A comparison's four cells: the difference [95% interval], Welch's p, the exact p, its Holm adjustment."""
-    import common
-    return [common.difference_text(c), common.p_text(c['p']), common.p_text(c['p_exact']), common.p_text(c['p_holm'])]
+    import results
+    return [results.difference_text(c), results.p_text(c['p']), results.p_text(c['p_exact']), results.p_text(c['p_holm'])]
 
 
 def test_seeds_table_counts_learned_seeds_and_pairs_dape_with_its_baseline():
@@ -705,7 +705,7 @@ def test_seeds_table_counts_learned_seeds_and_pairs_dape_with_its_baseline():
     interval cut to the possible range (accuracy is bounded), Welch's p, the exact p and its Holm adjustment over
     the table's comparisons, over the learned seeds and, apart, over every seed; the caption states the rule for
     learned with its date."""
-    import common
+    import results
     cells = {('reverse_string', 'alibi', 'none'): _cell('reverse_string', 'alibi', 'none',
                                                          [(2, 90.0, 65.0), (0, 80.0, 60.0), (1, 70.0, 55.0)]),
              ('reverse_string', 'alibi', 'v1'): _cell('reverse_string', 'alibi', 'v1',
@@ -729,11 +729,11 @@ def test_seeds_table_counts_learned_seeds_and_pairs_dape_with_its_baseline():
     assert dape[3] == '2 of 3 [9, 99]%' and dape[5] == '75.0, 74.9, 100.0'  # 74.9 is below the threshold
     assert dape[4] == '83.3 [47.4, 100.0]' and dape[6:] == ['75.0 [11.5, 100.0]', '70.0, (72.0), 80.0']
     pair = _row(table, '| reverse_string | DAPE-ALiBi vs ALiBi |')
-    learned, every, ids = (common.compare_means(a, b, bounds=(0.0, 100.0)) for a, b in [
+    learned, every, ids = (results.compare_means(a, b, bounds=(0.0, 100.0)) for a, b in [
         ([70.0, 80.0], [60.0, 65.0]), ([70.0, 72.0, 80.0], [60.0, 55.0, 65.0]), ([75.0, 74.9, 100.0], [80.0, 70.0, 90.0])])
-    share = common.compare_means([1.0, 0.0, 1.0], [1.0, 1.0, 0.0], bounds=(0.0, 1.0))  # learned: seeds 0, 2 against 0, 1
-    assert common.holm_over([learned, every, ids, share]) == 4  # the table's four comparisons
-    assert pair[2] == f"2 of 3 vs 2 of 3, exact {common.p_text(share['p_exact'])}, Holm {common.p_text(share['p_holm'])}"
+    share = results.compare_means([1.0, 0.0, 1.0], [1.0, 1.0, 0.0], bounds=(0.0, 1.0))  # learned: seeds 0, 2 against 0, 1
+    assert results.holm_over([learned, every, ids, share]) == 4  # the table's four comparisons
+    assert pair[2] == f"2 of 3 vs 2 of 3, exact {results.p_text(share['p_exact'])}, Holm {results.p_text(share['p_holm'])}"
     assert pair[3:] == _cells(learned) + _cells(every) + _cells(ids)
     assert pair[4] != pair[8]  # the seeds that did not learn change the test: they are not in the first
     assert -100 <= learned['ci'][0] <= learned['ci'][1] <= 100 and learned['ci_method'] == 't, clipped'
@@ -753,7 +753,7 @@ def test_holm_counts_every_comparison_of_the_table():
     """Holm's adjustment is over every comparison of the table, not row by row: two pairs of 4 seeds fully apart
     (exact p 2/70 each time) give six comparisons of means and two of the shares of seeds that learned (4 of 4
     against 4 of 4: exact p 1), each adjusted to at least 8 x 2/70."""
-    import common
+    import results
     figures = {'none': [(s, 60.0 + s, 50.0 + s) for s in range(4)], 'v1': [(s, 90.0 + s, 80.0 + s) for s in range(4)]}
     cells = {('bucket_sort', pos, d): _cell('bucket_sort', pos, d, runs) for pos in ('alibi', 'kerple')
              for d, runs in figures.items()}
@@ -761,7 +761,7 @@ def test_holm_counts_every_comparison_of_the_table():
                           _cfg(seeds='0,1,2,3', learning_rate=1e-3))
     for pair in ('| bucket_sort | DAPE-ALiBi vs ALiBi |', '| bucket_sort | DAPE-Kerple vs Kerple |'):
         row = _row(table, pair)
-        assert row[5::4] == [common.p_text(2 / 70)] * 3 and row[6::4] == [common.p_text(8 * 2 / 70)] * 3
+        assert row[5::4] == [results.p_text(2 / 70)] * 3 and row[6::4] == [results.p_text(8 * 2 / 70)] * 3
         assert row[2] == '4 of 4 vs 4 of 4, exact 1, Holm 1'
     assert 'for the 8 comparisons of this table. Smallest possible exact p: 0.029 with 4 and 4 seeds.' in table
 
@@ -772,7 +772,7 @@ def test_the_shares_of_seeds_that_learned_are_compared_by_the_conditional_exact_
     hypergeometric test given the margins (scipy's hypergeom), two-sided by doubling the smaller tail; its Holm
     adjustment counts it among the table's comparisons."""
     stats = pytest.importorskip("scipy.stats")
-    import common
+    import results
     ids = lambda k, n: [(s, 90.0 if s < k else 10.0, 50.0) for s in range(n)]  # bucket_sort: learned from 60%
     cells = {('bucket_sort', 'alibi', 'v1'): _cell('bucket_sort', 'alibi', 'v1', ids(ka, na)),
              ('bucket_sort', 'alibi', 'none'): _cell('bucket_sort', 'alibi', 'none', ids(kb, nb))}
@@ -782,7 +782,7 @@ def test_the_shares_of_seeds_that_learned_are_compared_by_the_conditional_exact_
     h = stats.hypergeom(na + nb, ka + kb, na)  # DAPE's count of learned seeds, given how many learned in all
     want = min(1.0, 2 * min(h.cdf(ka), h.sf(ka - 1)))
     assert cs[3]['p_exact'] == pytest.approx(want, rel=1e-9) and cs[3]['diff'] == pytest.approx(ka / na - kb / nb)
-    assert [c['p_holm'] for c in cs if c['status'] == 'ok'] == common.holm([c['p_exact'] for c in cs if c['status'] == 'ok'])
+    assert [c['p_holm'] for c in cs if c['status'] == 'ok'] == results.holm([c['p_exact'] for c in cs if c['status'] == 'ok'])
 
 
 def test_seeds_table_rows_per_learning_rate_and_unservable_runs():
@@ -796,12 +796,12 @@ def test_seeds_table_rows_per_learning_rate_and_unservable_runs():
     assert _row(table, '| even_pairs | ALiBi | 0.001 |')[4:7] == ['2 of 2 [16, 100]%', '91.0 [78.3, 100.0]', '90.0, 92.0']
     assert _row(table, '| even_pairs | ALiBi | 0.0001 |')[4:9] == ['0 of 2 [0, 84]%', '51.0 [38.3, 63.7]', '50.0, 52.0', '-',
                                                                   '(50.0), (51.0)']
-    import common
-    c = common.compare_means([70.0, 71.0], [60.0, 62.0], bounds=(0.0, 100.0))
+    import results
+    c = results.compare_means([70.0, 71.0], [60.0, 62.0], bounds=(0.0, 100.0))
     # six comparisons in the table (ID and the shares of seeds that learned at each rate, OOD at 0.001 twice), each
     # p_exact 1/3 or 1: Holm 1
     assert _row(table, '| even_pairs | DAPE-ALiBi vs ALiBi | 0.001 |')[4:8] == [
-        common.difference_text(c), common.p_text(c['p']), '0.33', '1']
+        results.difference_text(c), results.p_text(c['p']), '0.33', '1']
     assert 'for the 6 comparisons of this table' in table.splitlines()[-1]
     low = _row(table, '| even_pairs | DAPE-ALiBi | 0.0001 |')
     assert low[7:9] == ['n/s', 'n/s, 52.0']  # a run not servable at the test lengths: no mean, no test
@@ -890,8 +890,8 @@ def test_seeds_are_ordered_as_numbers():
 def test_the_confidence_interval_is_welchs():
     """compare_means against figures from an independent implementation (scipy.stats.ttest_ind with
     equal_var=False and its confidence_interval(0.95), scipy 1.17): the difference, its interval, df, p."""
-    import common
-    c = common.compare_means([71.2, 64.5, 80.1, 77.7], [60.3, 58.8, 70.2, 49.9, 66.0, 61.5])
+    import results
+    c = results.compare_means([71.2, 64.5, 80.1, 77.7], [60.3, 58.8, 70.2, 49.9, 66.0, 61.5])
     assert c['diff'] == pytest.approx(12.258333333333326, abs=1e-9)
     assert c['ci'] == pytest.approx([1.4556065262039066, 23.061060140462743], abs=1e-6)
     assert c['df'] == pytest.approx(6.502985462601774, abs=1e-9)
@@ -907,7 +907,7 @@ def test_dape_with_f_zero_at_init_is_a_column_of_its_own(tmp_path):
     assert C.encoding_label('alibi', 'v1:zero') == 'DAPE-ALiBi (zero init)'
     assert C._run_path(_cfg(task='bucket_sort', pos='alibi', dape='v1:zero', out_dir=str(tmp_path))).endswith(
         'bucket_sort_alibi_v1-zero_s0_lr0.0003.json')
-    import common
+    import results
     figures = {'none': [(0, 90.0, 80.0), (1, 92.0, 85.0)], 'v1': [(0, 70.0, 60.0), (1, 95.0, 75.0)],
                'v1:zero': [(0, 91.0, 82.0), (1, 93.0, 88.0)]}
     cells = {('bucket_sort', 'alibi', d): _cell('bucket_sort', 'alibi', d, runs) for d, runs in figures.items()}
@@ -916,9 +916,9 @@ def test_dape_with_f_zero_at_init_is_a_column_of_its_own(tmp_path):
     assert _row(table, '| bucket_sort | DAPE-ALiBi (zero init) vs ALiBi |')[2] == '2 of 2 vs 2 of 2, exact 1, Holm 1'
     # and against DAPE-ALiBi with the default init, over every seed
     against_default = _row(table, '| bucket_sort | DAPE-ALiBi (zero init) vs DAPE-ALiBi |')
-    every = common.compare_means([82.0, 88.0], [60.0, 75.0], bounds=(0.0, 100.0))
-    assert against_default[7:10] == [common.difference_text(every), common.p_text(every['p']),
-                                     common.p_text(every['p_exact'])]
+    every = results.compare_means([82.0, 88.0], [60.0, 75.0], bounds=(0.0, 100.0))
+    assert against_default[7:10] == [results.difference_text(every), results.p_text(every['p']),
+                                     results.p_text(every['p_exact'])]
     assert [line.split('|')[2].strip() for line in table.splitlines()
                                                   if line.startswith('| bucket_sort |') and ' vs ' in line] == [
         'DAPE-ALiBi vs ALiBi', 'DAPE-ALiBi (zero init) vs ALiBi', 'DAPE-ALiBi (zero init) vs DAPE-ALiBi']
@@ -938,7 +938,7 @@ def test_length_tables_give_every_seed_at_every_length_and_each_dape_difference(
     scipy's), the seed that did not learn the task included (no threshold decides these); then DAPE-X minus X at
     each length with Welch's, the exact and Holm's p, Holm over every length of every pair (one table). No table
     where the runs keep no per-length figures."""
-    import common
+    import results
     base = [(0, 90.0, {41: 60.0, 51: 50.0}), (1, 30.0, {41: 20.0, 51: 22.0}), (2, 80.0, {41: 64.0, 51: 40.0})]
     dape = [(0, 95.0, {41: 70.0, 51: 61.0}), (1, 91.0, {41: 75.0, 51: 58.0}), (2, 99.0, {41: 80.0, 51: 65.0})]
     cells = {('bucket_sort', pos, d): _runs_with_lengths('bucket_sort', pos, d, runs)
@@ -948,9 +948,9 @@ def test_length_tables_give_every_seed_at_every_length_and_each_dape_difference(
     table = C.length_tables(cells, ['bucket_sort'], columns, cfg)
     assert _row(table, '| 41 |')[:3] == ['41', '48.0 [0.0, 100.0]', '75.0 [62.6, 87.4]']
     assert _row(table, '| 51 |')[1] == '37.3 [2.1, 72.6]'  # seed 1 (ID 30%) counts here
-    at = {N: common.compare_means([r[2][N] for r in dape], [r[2][N] for r in base], bounds=(0.0, 100.0)) for N in (41, 51)}
+    at = {N: results.compare_means([r[2][N] for r in dape], [r[2][N] for r in base], bounds=(0.0, 100.0)) for N in (41, 51)}
     same = {N: dict(c) for N, c in at.items()}  # Kerple's pair has the same figures
-    assert common.holm_over(list(at.values()) + list(same.values())) == 4  # every length of every pair: one table
+    assert results.holm_over(list(at.values()) + list(same.values())) == 4  # every length of every pair: one table
     for N in (41, 51):
         assert _row(table, f'| DAPE-ALiBi minus ALiBi | {N} |')[2:] == _cells(at[N])
         assert _row(table, f'| DAPE-Kerple minus Kerple | {N} |')[2:] == _cells(same[N])
@@ -966,7 +966,7 @@ def test_retest_tables_pair_the_same_runs_under_two_roundings():
     and how many changed sides, Pearson's r and the mean move of ID, OOD and the per-length figures; per run,
     both roundings side by side; and every comparison of the tables, each computed under each rounding as its
     table computes it, with whether its conclusion (ahead or behind, significant or not) holds under both."""
-    import common
+    import results
     # ALiBi's seed 0 learns (60% for bucket_sort) only under the second rounding, its seed 1 only under the first
     a_base = [(s, [50.0, 75.0, 80.0, 85.0][s], {41: 50.0 + s, 51: 40.0 + 2 * s}) for s in range(4)]
     a_dape = [(s, 80.0 + 4 * s, {41: 60.0 + s, 51: 45.0 + s}) for s in range(4)]
@@ -983,8 +983,8 @@ def test_retest_tables_pair_the_same_runs_under_two_roundings():
     assert lines[0].startswith('| Task | Encoding | seeds | learned, AVX512 | learned, DEFAULT | changed sides |')
     dape = _row(table, '| bucket_sort | DAPE-ALiBi | 4 |')
     ids = [r[1] for r in a_dape], [r[1] for r in b_dape]
-    assert dape[3:6] == [common.k_of_n_text(4, 4), common.k_of_n_text(3, 4), '1']  # seed 0: 80% then 20% (< 60%)
-    assert _row(table, '| bucket_sort | ALiBi | 4 |')[3:6] == [common.k_of_n_text(3, 4)] * 2 + ['2']
+    assert dape[3:6] == [results.k_of_n_text(4, 4), results.k_of_n_text(3, 4), '1']  # seed 0: 80% then 20% (< 60%)
+    assert _row(table, '| bucket_sort | ALiBi | 4 |')[3:6] == [results.k_of_n_text(3, 4)] * 2 + ['2']
     assert dape[6] == f"{np.corrcoef(*ids)[0, 1]:+.2f}"
     assert dape[7] == f"{np.mean(np.abs(np.subtract(*ids))):.1f}"
     lens = ([r[2][N] for r in a_dape for N in (41, 51)], [r[2][N] for r in b_dape for N in (41, 51)])
@@ -1096,13 +1096,13 @@ def test_retest_and_length_tables_where_some_runs_keep_no_per_length_figures():
 def test_pearson_and_the_side_ahead_ignore_rounding():
     """A constant list has no correlation even where its float std rounds to 1e-17 (scipy says nan); the same
     values in another order are level, not ahead by the 1e-15 that summing them in that order leaves."""
-    import common
-    assert common.pearson([0.05] * 3, [1, 2, 3.5]) is None
-    assert common.pearson([1, 2, 3], [2, 4, 7]) == pytest.approx(0.9933992677987827)
+    import results
+    assert results.pearson([0.05] * 3, [1, 2, 3.5]) is None
+    assert results.pearson([1, 2, 3], [2, 4, 7]) == pytest.approx(0.9933992677987827)
     a = [49.73, 11.0, 52.79, 51.56, 0.79]
-    c = common.compare_means(a, [51.56, 0.79, 49.73, 52.79, 11.0], bounds=(0, 100))
-    assert c['diff'] == 0.0 and common.verdict(c) == 'level'
-    assert common.verdict(common.compare_means(a, [v - 0.01 for v in a], bounds=(0, 100))) == 'ahead'
+    c = results.compare_means(a, [51.56, 0.79, 49.73, 52.79, 11.0], bounds=(0, 100))
+    assert c['diff'] == 0.0 and results.verdict(c) == 'level'
+    assert results.verdict(results.compare_means(a, [v - 0.01 for v in a], bounds=(0, 100))) == 'ahead'
 
 
 def _fake_cell_run(cfg, log=print, command='unknown'):

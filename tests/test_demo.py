@@ -211,7 +211,7 @@ def test_significance_is_counted_with_its_direction():
 def test_exact_tests_are_the_permutation_tests_of_the_seeds_with_holm_over_the_table():
     """exact_tests: the permutation test of the seeds' perplexities wherever the evaluation made Welch's test, and
     Holm's adjustment over all of them (the p-value table's comparisons)."""
-    import common
+    from results import holm, permutation_test
     import demo_report
     groups = [{"label": "kerple", "n": 5, "ppl": {"64": _seeds(7.0, 5), "128": _seeds(7.1, 5)}},
               {"label": "dape-kerple", "n": 5, "ppl": {"64": _seeds(6.0, 5), "128": _seeds(7.1, 5)}},
@@ -224,10 +224,10 @@ def test_exact_tests_are_the_permutation_tests_of_the_seeds_with_holm_over_the_t
     tests = demo_report.exact_tests(results)
     assert tests[("dape-fox", "fox")] == {} and set(tests[("dape-kerple", "kerple")]) == {64, 128}
     t64, t128 = tests[("dape-kerple", "kerple")][64], tests[("dape-kerple", "kerple")][128]
-    assert t64["p_exact"] == common.permutation_test(groups[1]["ppl"]["64"]["values"], groups[0]["ppl"]["64"]["values"])["p"]
+    assert t64["p_exact"] == permutation_test(groups[1]["ppl"]["64"]["values"], groups[0]["ppl"]["64"]["values"])["p"]
     assert (t64["p_exact"], t128["p_exact"]) == (pytest.approx(2 / 252), 1.0)
     every = [t for pair in tests.values() for t in pair.values()]  # the two pairs' four tests: one table
-    assert len(every) == 4 and [t["p_holm"] for t in every] == common.holm([t["p_exact"] for t in every])
+    assert len(every) == 4 and [t["p_holm"] for t in every] == holm([t["p_exact"] for t in every])
     assert "| dape-kerple vs kerple | 0.001 (exact 0.0079, Holm 0.032) | 1 (exact 1, Holm 1) |" in \
         demo_report.pvalue_table(results, tests)
 
@@ -351,8 +351,8 @@ def test_every_figure_of_the_report_comes_from_its_files(tmp_path):
     rule (the significance level, the smallest p the seed counts allow); the exact test's p, which takes few
     values, is checked against the test recomputed from the changed files."""
     import re as _re
-    import common
     import demo_report
+    import results
     saved = os.path.join(ROOT, "docs", "results", "demo")
     copy = tmp_path / "demo"
     shutil.copytree(saved, copy)
@@ -390,7 +390,7 @@ def test_every_figure_of_the_report_comes_from_its_files(tmp_path):
     tests = demo_report.exact_tests(changed_results)
     changed_text = "\n".join(demo_report.render(str(copy)))
     assert exact_cell.findall(changed_text) == [
-        f" (exact {common.p_text(t['p_exact'])}, Holm {common.p_text(t['p_holm'])})" for c in changed_results["comparisons"]
+        f" (exact {results.p_text(t['p_exact'])}, Holm {results.p_text(t['p_holm'])})" for c in changed_results["comparisons"]
         for L, t in tests[(c["label"], c["baseline"])].items()]
     # the two texts have the same shape, so their figures pair up in order: a figure typed into a template is
     # one that stays where it was
@@ -438,7 +438,7 @@ def test_progress_count_is_the_runs_own_line(tmp_path):
 
 def test_the_ratio_to_the_training_length_is_per_seed_with_its_interval():
     """Each seed's perplexity at the longest length over its own at the training length, the mean with the 95%
-    t interval over seeds (common.mean_ci), as scipy computes it."""
+    t interval over seeds (results.mean_ci), as scipy computes it."""
     import numpy as np
     import demo_report
     scipy_stats = pytest.importorskip("scipy.stats")

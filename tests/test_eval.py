@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import common
+import results
 import eval_extrapolate as E
 from common import InputError, pick_device
 import visualize as V
@@ -193,12 +194,12 @@ def test_evaluate_protocol_tables_and_files(tmp_path):
     # adjustment over the table's tests (the four lengths each model can serve)
     vals = lambda label, L: groups[label]['ppl'][L]['values']
     tests = [cmp['p_value'][L] for L in (16, 32, 64, 128)]
-    assert [t['p_exact'] for t in tests] == [common.permutation_test(vals('dape-kerple', L), vals('kerple', L))['p']
+    assert [t['p_exact'] for t in tests] == [results.permutation_test(vals('dape-kerple', L), vals('kerple', L))['p']
                                              for L in (16, 32, 64, 128)]
-    assert tests[0]['p_min'] == pytest.approx(1 / 3) and [t['p_holm'] for t in tests] == common.holm(
+    assert tests[0]['p_min'] == pytest.approx(1 / 3) and [t['p_holm'] for t in tests] == results.holm(
         [t['p_exact'] for t in tests])
     table = E.pvalue_table(res['comparisons'], res['lengths'])
-    assert f"{tests[2]['p']:.3g} (exact {common.p_text(tests[2]['p_exact'])}, Holm {common.p_text(tests[2]['p_holm'])})" \
+    assert f"{tests[2]['p']:.3g} (exact {results.p_text(tests[2]['p_exact'])}, Holm {results.p_text(tests[2]['p_holm'])})" \
         in table.splitlines()[2]
     assert 'for the 4 comparisons of this table. Smallest possible exact p: 0.33 with 2 and 2 seeds.' in table
     # ppl and bpb are consistent; byte data gets bits per byte
@@ -349,7 +350,7 @@ def plot_groups(curves, lengths, block_size=64):
         ppl = {}
         for i, L in enumerate(lengths):
             vals = [seed[i] for seed in per_seed]
-            m, s = common.mean_std(vals)
+            m, s = results.mean_std(vals)
             ppl[L] = {'status': 'ok', 'mean': m, 'std': s, 'n': len(vals), 'values': vals}
         groups.append({'label': common.base_label(args), 'n': len(per_seed), 'model_args': args, 'training': None,
                        'data_dir': 'd', 'block_size': block_size, 'ppl': ppl})
@@ -615,7 +616,7 @@ def test_holm_is_over_every_test_of_the_pvalue_table():
     def comparison(label, pairs):
         return {'label': label, 'baseline': 'kerple', 'p_value': {
             L: {'status': 'too long'} if v is None else
-            dict(common.compare_means(*v), mean_diff=0.0) for L, v in pairs.items()}}
+            dict(results.compare_means(*v), mean_diff=0.0) for L, v in pairs.items()}}
     apart = ([1.0, 1.1, 1.2, 1.3], [2.0, 2.1, 2.2, 2.3])  # exact p 2/70
     comparisons = [comparison('dape-kerple', {16: apart, 32: None}), comparison('dapev2-kerple', {16: apart, 32: apart})]
     assert E.holm_table(comparisons, [16, 32]) == 3
@@ -625,26 +626,26 @@ def test_holm_is_over_every_test_of_the_pvalue_table():
 
 def test_welch_ttest_known_values():
     # scipy.stats.ttest_ind(a, b, equal_var=False), computed once with scipy 1.17
-    t, df, p = common.welch_ttest([4.5123, 4.4875, 4.5371], [4.5817, 4.5565, 4.6069])
+    t, df, p = results.welch_ttest([4.5123, 4.4875, 4.5371], [4.5817, 4.5565, 4.6069])
     assert t == pytest.approx(-3.3997829716686114, rel=1e-10)
     assert df == pytest.approx(3.998976393069252, rel=1e-10)
     assert p == pytest.approx(0.027293651904141195, rel=1e-9)
-    t, df, p = common.welch_ttest([1.0, 2.0, 3.0, 4.0, 5.0], [2.0, 4.0, 6.0, 8.0, 10.0, 12.0])
+    t, df, p = results.welch_ttest([1.0, 2.0, 3.0, 4.0, 5.0], [2.0, 4.0, 6.0, 8.0, 10.0, 12.0])
     assert (t, df, p) == pytest.approx((-2.3763541031440183, 6.972255729794934, 0.04928433820673053), rel=1e-9)
-    assert common.welch_ttest([1.0, 2.0], [1.0, 2.0])[2] == pytest.approx(1.0)
+    assert results.welch_ttest([1.0, 2.0], [1.0, 2.0])[2] == pytest.approx(1.0)
     with pytest.raises(ValueError):
-        common.welch_ttest([1.0], [1.0, 2.0])
+        results.welch_ttest([1.0], [1.0, 2.0])
     with pytest.raises(ValueError):
-        common.welch_ttest([1.0, 1.0], [2.0, 2.0])
+        results.welch_ttest([1.0, 1.0], [2.0, 2.0])
 
 
 def test_betainc_identities():
     for x in (0.01, 0.3, 0.5, 0.9, 0.999):
-        assert common.betainc(1.0, 1.0, x) == pytest.approx(x, rel=1e-12)
-        assert common.betainc(3.0, 1.0, x) == pytest.approx(x ** 3, rel=1e-10)
-        assert common.betainc(2.0, 5.0, x) == pytest.approx(1 - common.betainc(5.0, 2.0, 1 - x), abs=1e-12)
-    assert common.betainc(7.5, 7.5, 0.5) == pytest.approx(0.5, abs=1e-12)
-    assert common.betainc(2.5, 0.5, 0.3) == pytest.approx(0.018927124071945658, rel=1e-10)  # scipy.special.betainc
+        assert results.betainc(1.0, 1.0, x) == pytest.approx(x, rel=1e-12)
+        assert results.betainc(3.0, 1.0, x) == pytest.approx(x ** 3, rel=1e-10)
+        assert results.betainc(2.0, 5.0, x) == pytest.approx(1 - results.betainc(5.0, 2.0, 1 - x), abs=1e-12)
+    assert results.betainc(7.5, 7.5, 0.5) == pytest.approx(0.5, abs=1e-12)
+    assert results.betainc(2.5, 0.5, 0.3) == pytest.approx(0.018927124071945658, rel=1e-10)  # scipy.special.betainc
 
 
 def test_welch_matches_scipy_on_random_inputs():
@@ -654,7 +655,7 @@ def test_welch_matches_scipy_on_random_inputs():
         a = rng.normal(rng.uniform(-1, 1), rng.uniform(0.1, 3), size=rng.integers(2, 9))
         b = rng.normal(rng.uniform(-1, 1), rng.uniform(0.1, 3), size=rng.integers(2, 9))
         ref = stats.ttest_ind(a, b, equal_var=False)
-        t, df, p = common.welch_ttest(a, b)
+        t, df, p = results.welch_ttest(a, b)
         assert t == pytest.approx(ref.statistic, rel=1e-9) and p == pytest.approx(ref.pvalue, rel=1e-7, abs=1e-14)
 
 

@@ -517,10 +517,10 @@ def test_a_seed_exactly_at_the_learned_threshold_counts_as_learned():
 
 def test_dape_against_its_baseline_over_learned_and_all_seeds():
     """DAPE-X minus X per length: the difference of the mean exact match with its 95% t interval cut to the possible range (exact
-    match is bounded: the interval stays within -100..100 points), Welch's p and the exact p (common.compare_means),
+    match is bounded: the interval stays within -100..100 points), Welch's p and the exact p (results.compare_means),
     over the seeds that learned retrieval and, apart, over all; the exact p adjusted by Holm's method over every
     comparison of the table, which its caption counts."""
-    import common
+    import results
     rows = [_row('d_s1', 'dape-kerple', 1, [1.0, 0.9]), _row('d_s2', 'dape-kerple', 2, [1.0, 0.7]),
             _row('d_s3', 'dape-kerple', 3, [0.0, 0.0]),
             _row('k_s1', 'kerple', 1, [1.0, 0.2]), _row('k_s2', 'kerple', 2, [0.9, 0.4]),
@@ -529,23 +529,23 @@ def test_dape_against_its_baseline_over_learned_and_all_seeds():
     c, = EP.compare_groups(groups, [128, 256])
     assert (c['label'], c['baseline'], c['learned']) == ('dape-kerple', 'kerple', [2, 3, 3, 3])
     without_holm = lambda x: {k: v for k, v in x.items() if k != 'p_holm'}
-    assert without_holm(c['learned_seeds'][256]) == common.compare_means([0.9, 0.7], [0.2, 0.4, 0.1], bounds=(0, 1))
-    assert without_holm(c['all_seeds'][256]) == common.compare_means([0.9, 0.7, 0.0], [0.2, 0.4, 0.1], bounds=(0, 1))
+    assert without_holm(c['learned_seeds'][256]) == results.compare_means([0.9, 0.7], [0.2, 0.4, 0.1], bounds=(0, 1))
+    assert without_holm(c['all_seeds'][256]) == results.compare_means([0.9, 0.7, 0.0], [0.2, 0.4, 0.1], bounds=(0, 1))
     # Holm over the table: learned and all seeds at both lengths, 128 too (every seed at 100% or near: a test),
     # and the share of seeds that learned
     tests = EP.table_tests([c], [128, 256])
-    assert len(tests) == 5 and [t['p_holm'] for t in tests] == common.holm([t['p_exact'] for t in tests])
+    assert len(tests) == 5 and [t['p_holm'] for t in tests] == results.holm([t['p_exact'] for t in tests])
     assert tests[-1] is c['learned_share'] and c['learned_share']['diff'] == pytest.approx(2 / 3 - 1)
     table = EP.comparison_table([c], [128, 256], markdown=True)
     learned = c['learned_seeds'][256]
     pct = dict(learned, diff=100 * learned['diff'], ci=[100 * x for x in learned['ci']])
     assert -100 <= pct['ci'][0] <= pct['ci'][1] <= 100
     line = next(x for x in table.splitlines() if x.startswith('| dape-kerple - kerple | learned | 2 of 3 vs 3 of 3 |'))
-    assert line.endswith(f"| {common.difference_text(pct, '{:+.0f}')}, p {common.p_text(learned['p'])}, "
-                         f"exact {common.p_text(learned['p_exact'])}, Holm {common.p_text(learned['p_holm'])} |")
+    assert line.endswith(f"| {results.difference_text(pct, '{:+.0f}')}, p {results.p_text(learned['p'])}, "
+                         f"exact {results.p_text(learned['p_exact'])}, Holm {results.p_text(learned['p_holm'])} |")
     share = c['learned_share']
-    assert f"| dape-kerple - kerple | all | 2 of 3 vs 3 of 3, exact {common.p_text(share['p_exact'])}, " \
-           f"Holm {common.p_text(share['p_holm'])} |" in table
+    assert f"| dape-kerple - kerple | all | 2 of 3 vs 3 of 3, exact {results.p_text(share['p_exact'])}, " \
+           f"Holm {results.p_text(share['p_holm'])} |" in table
     caption = EP.comparison_caption([c], [128, 256])
     assert 'for the 5 comparisons of this table' in caption and '0.2 with 2 and 3 seeds, 0.1 with 3 and 3 seeds' in caption
     assert 'the shares of seeds that learned' in caption
@@ -570,7 +570,7 @@ def test_a_measure_some_runs_lack_is_over_the_seeds_that_have_it():
     """A results file may lack the log-likelihood of some runs (those evaluated before it was kept): its table
     names the seeds it is over and counts learned among them, and its comparison over the learned seeds takes
     each seed's own value, not the value at that seed's position among every seed."""
-    import common
+    import results
     lens = [128, 256]
 
     def row(label, setting, seed, accs, lps=None):
@@ -588,8 +588,8 @@ def test_a_measure_some_runs_lack_is_over_the_seeds_that_have_it():
     assert groups[0]['measures']['accuracy'] == {'seeds': [1, 2, 3, 4], 'n': 4, 'learned': 3}
     c, = EP.compare_groups(groups, lens, 'logp_mean')
     without_holm = lambda x: {k: v for k, v in x.items() if k != 'p_holm'}
-    assert without_holm(c['learned_seeds'][256]) == common.compare_means([-0.5, -0.3], [-1.9, -1.1, -2.0])
-    assert without_holm(c['all_seeds'][256]) == common.compare_means([-2.4, -0.5, -0.3], [-1.9, -1.1, -2.0])
+    assert without_holm(c['learned_seeds'][256]) == results.compare_means([-0.5, -0.3], [-1.9, -1.1, -2.0])
+    assert without_holm(c['all_seeds'][256]) == results.compare_means([-2.4, -0.5, -0.3], [-1.9, -1.1, -2.0])
     assert c['learned'] == [2, 3, 3, 3]
     line = next(x for x in EP.comparison_table([c], lens, markdown=True).splitlines()
                 if x.startswith('| dape-kerple - kerple | learned |'))
@@ -605,7 +605,7 @@ def test_dape_against_its_baseline_in_log_likelihood_too():
     """The continuous measure has its own comparison table: DAPE-X minus X in log-likelihood per answer token, an
     interval that is not cut (a difference of log-likelihoods has no finite bound), Welch's and the exact p, and
     Holm over that table alone; --tables_from prints it after exact match's."""
-    import common
+    import results
     lens = [128, 256]
 
     def row(label, setting, seed, accs, lps):
@@ -621,16 +621,16 @@ def test_dape_against_its_baseline_in_log_likelihood_too():
     c, = EP.compare_groups(groups, lens, 'logp_mean')
     assert c['metric'] == 'logp_mean'
     without_holm = lambda x: {k: v for k, v in x.items() if k != 'p_holm'}
-    assert without_holm(c['all_seeds'][256]) == common.compare_means([-0.2, -0.5, -2.4], [-1.9, -1.1, -2.0])
-    assert without_holm(c['learned_seeds'][256]) == common.compare_means([-0.2, -0.5], [-1.9, -1.1, -2.0])
+    assert without_holm(c['all_seeds'][256]) == results.compare_means([-0.2, -0.5, -2.4], [-1.9, -1.1, -2.0])
+    assert without_holm(c['learned_seeds'][256]) == results.compare_means([-0.2, -0.5], [-1.9, -1.1, -2.0])
     assert c['all_seeds'][256]['ci_method'] == 't'
     tests = EP.table_tests([c], lens)
-    assert [t['p_holm'] for t in tests] == common.holm([t['p_exact'] for t in tests])  # this table's four alone
+    assert [t['p_holm'] for t in tests] == results.holm([t['p_exact'] for t in tests])  # this table's four alone
     learned = c['learned_seeds'][256]
     line = next(x for x in EP.comparison_table([c], lens, markdown=True).splitlines()
                 if x.startswith('| dape-kerple - kerple | learned |'))
-    assert line.endswith(f"| {common.difference_text(learned, '{:+.2f}')}, p {common.p_text(learned['p'])}, "
-                         f"exact {common.p_text(learned['p_exact'])}, Holm {common.p_text(learned['p_holm'])} |")
+    assert line.endswith(f"| {results.difference_text(learned, '{:+.2f}')}, p {results.p_text(learned['p'])}, "
+                         f"exact {results.p_text(learned['p_exact'])}, Holm {results.p_text(learned['p_holm'])} |")
     assert 'cut to the possible range' not in EP.comparison_caption([c], lens)
     protocol = {'lengths': lens, 'learned_exact': 0.5}
     text = EP.seed_tables(protocol, rows, lens)
@@ -779,7 +779,7 @@ def test_retest_pairs_the_same_runs_under_two_roundings(tmp_path):
     is ahead at 512 under the first, behind under the second; at 256 ahead under both, in log-likelihood significantly
     under the first only), and the share of seeds that learned, with whether each conclusion holds under both. A
     model in one file only (rope) does not count. The expected figures are computed here from the runs, apart."""
-    import common
+    import results
     lens = RETEST_PROTOCOL['lengths']
     a = {**{('kerple', s): v for s, v in zip(range(1, 6), [[1.0, 0.2, 0.1], [0.9, 0.1, 0.0], [1.0, 0.3, 0.1],
                                                            [0.45, 0.2, 0.2], [1.0, 0.1, 0.0]])},
@@ -801,14 +801,14 @@ def test_retest_pairs_the_same_runs_under_two_roundings(tmp_path):
     for setting, flips in (('kerple', 2), ('dape-kerple', 0)):
         row = _cells(table, f"| {setting} | 1,2,3,4,5 |")
         keys = [(setting, s) for s in range(1, 6)]
-        assert row[2:5] == [common.k_of_n_text(sum(learned['a'][k] for k in keys), 5),
-                            common.k_of_n_text(sum(learned['b'][k] for k in keys), 5), str(flips)]
+        assert row[2:5] == [results.k_of_n_text(sum(learned['a'][k] for k in keys), 5),
+                            results.k_of_n_text(sum(learned['b'][k] for k in keys), 5), str(flips)]
         xs, ys = np.array([a[k] for k in keys]).ravel(), np.array([b[k] for k in keys]).ravel()
         assert row[5:7] == [f"{np.corrcoef(xs, ys)[0, 1]:+.2f}", f"{np.mean(np.abs(100 * xs - 100 * ys)):.1f}"]
         lx = np.array([logp(v, s, '') for (_, s) in keys for v in a[(setting, s)]])
         ly = np.array([logp(v, s, '_default') for (_, s) in keys for v in b[(setting, s)]])
         assert row[7:9] == [f"{np.corrcoef(lx, ly)[0, 1]:+.2f}", f"{np.mean(np.abs(lx - ly)):.3f}"]
-    assert _cells(table, '| kerple | 1,2,3,4,5 |')[2] == common.k_of_n_text(4, 5)  # the same count, two runs moved
+    assert _cells(table, '| kerple | 1,2,3,4,5 |')[2] == results.k_of_n_text(4, 5)  # the same count, two runs moved
     every = [k for k in a if k in b]
     xs, ys = np.array([a[k] for k in every]).ravel(), np.array([b[k] for k in every]).ravel()
     assert _cells(table, '| all | 10 runs |')[4:6] == ['2', f"{np.corrcoef(xs, ys)[0, 1]:+.2f}"]
@@ -825,14 +825,14 @@ def test_retest_pairs_the_same_runs_under_two_roundings(tmp_path):
         for which in ('learned', 'all'):
             for i, L in enumerate(lens):
                 vals = lambda m: [runs[(m, s)][i] for s in range(1, 6) if which == 'all' or flags[(m, s)]]
-                tests[(which, L)] = common.compare_means(vals('dape-kerple'), vals('kerple'), bounds=bounds)
+                tests[(which, L)] = results.compare_means(vals('dape-kerple'), vals('kerple'), bounds=bounds)
         if bounds:
             share = lambda m: [float(flags[(m, s)]) for s in range(1, 6)]
-            tests[('share', None)] = common.compare_means(share('dape-kerple'), share('kerple'), bounds=(0, 1))
+            tests[('share', None)] = results.compare_means(share('dape-kerple'), share('kerple'), bounds=(0, 1))
         ok = [k for k, c in tests.items() if c['status'] == 'ok']
-        holm = dict(zip(ok, common.holm([tests[k]['p_exact'] for k in ok])))
+        holm = dict(zip(ok, results.holm([tests[k]['p_exact'] for k in ok])))
         return {k: ('ahead' if c['diff'] > 0 else 'behind' if c['diff'] < 0 else 'level')
-                + ('*' if holm[k] < common.ALPHA else '') for k, c in tests.items() if k in holm}
+                + ('*' if holm[k] < results.ALPHA else '') for k, c in tests.items() if k in holm}
 
     va, vb = verdicts(a, learned['a']), verdicts(b, learned['b'])
     # at 512 ahead under the first, behind under the second
@@ -859,7 +859,7 @@ def test_retest_pairs_the_same_runs_under_two_roundings(tmp_path):
     assert _cells(table, '| dape-kerple - kerple | log-likelihood per answer token | all |')[5].endswith('; not at L=256,512')
     # the share of seeds that learned: 5 of 5 against 4 of 5 under both (kerple's seeds 2 and 4 swapped sides)
     assert (va[('share', None)], vb[('share', None)]) == ('ahead', 'ahead')
-    p = lambda v: common.p_text(common.compare_means([1.0] * 5, [1.0, 1.0, 1.0, 0.0, 1.0], bounds=(0, 1))['p_exact'])
+    p = lambda v: results.p_text(results.compare_means([1.0] * 5, [1.0, 1.0, 1.0, 0.0, 1.0], bounds=(0, 1))['p_exact'])
     assert _cells(table, '| dape-kerple - kerple | 5 of 5 vs 4 of 5') == [
         'dape-kerple - kerple', f"5 of 5 vs 4 of 5: ahead, exact {p(va)}, Holm 1", f"5 of 5 vs 4 of 5: ahead, exact {p(vb)}, Holm 1",
         'yes']
@@ -876,17 +876,17 @@ def test_retest_of_the_share_of_seeds_that_learned(tmp_path):
     Kerple's 6 of 6 is behind, significantly (exact p 0.0022, Holm 0.0087 over the table's 4 tests: every seed at
     each length, and the share; none learned, so nothing over the learned seeds), under the first; 2 of 6 against 6 of
     6 under the second is behind but not significantly: it does not hold."""
-    import common
+    import results
     kerple = {('kerple', s): [1.0, 0.5, 0.2] for s in range(6)}
     a = {**kerple, **{('dape-kerple', s): [0.0, 0.0, 0.0] for s in range(6)}}
     b = {**kerple, **{('dape-kerple', s): [1.0 if s < 2 else 0.0, 0.0, 0.0] for s in range(6)}}
     table = EP.main([f"--tables_from={_retest_file(tmp_path / 'a.json', a, 'AVX512')}",
                      f"--rounding_from={_retest_file(tmp_path / 'b.json', b, 'DEFAULT', suffix='_default')}"])
-    p = lambda k: common.compare_means([1.0] * k + [0.0] * (6 - k), [1.0] * 6, bounds=(0, 1))['p_exact']
+    p = lambda k: results.compare_means([1.0] * k + [0.0] * (6 - k), [1.0] * 6, bounds=(0, 1))['p_exact']
     assert p(0) == pytest.approx(2 / math.comb(12, 6))
     cells = _cells(table, '| dape-kerple - kerple | 0 of 6')
-    assert cells[1] == f"0 of 6 vs 6 of 6: behind*, exact 0.0022, Holm {common.p_text(4 * p(0))}" and cells[3] == 'no'
-    assert cells[2].startswith(f"2 of 6 vs 6 of 6: behind, exact {common.p_text(p(2))}, Holm ")
+    assert cells[1] == f"0 of 6 vs 6 of 6: behind*, exact 0.0022, Holm {results.p_text(4 * p(0))}" and cells[3] == 'no'
+    assert cells[2].startswith(f"2 of 6 vs 6 of 6: behind, exact {results.p_text(p(2))}, Holm ")
     assert table.endswith(" over every seed (the shares of seeds that learned among them), none over the seeds that "
                           "learned (too few for a test under both).")
 
@@ -896,7 +896,7 @@ def test_retest_names_the_machines_its_runs_were_trained_on(tmp_path):
     and its retest share one; with runs spread over two machines, both named; a run whose retest ran on another
     machine than the run itself, and a run without a recorded machine, counted apart (their differences are not
     the rounding's alone)."""
-    import common
+    import results
     runs = {(setting, s): [1.0, 0.5, 0.2] for setting in ('kerple', 'dape-kerple') for s in range(3)}
     a, b = _retest_file(tmp_path / 'a.json', runs, 'AVX512'), _retest_file(tmp_path / 'b.json', runs, 'DEFAULT')
     caption = lambda: EP.main([f'--tables_from={a}', f'--rounding_from={b}']).splitlines()[-1]
@@ -919,7 +919,7 @@ def test_retest_names_the_machines_its_runs_were_trained_on(tmp_path):
     assert ("of one machine per run (2 machines: AMD EPYC (family 25, model 1); Intel(R) Xeon(R) Processor (family 6, "
             "model 207)), except 2 runs retrained on another machine (there the machine differs too) (2 runs without a "
             "recorded machine): ATen's") in caption()
-    assert common.cpu_of('NVIDIA H200, torch 2.13.0') == 'NVIDIA H200' and common.cpu_of(None) is None
+    assert results.cpu_of('NVIDIA H200, torch 2.13.0') == 'NVIDIA H200' and results.cpu_of(None) is None
 
 
 def test_retest_counts_the_conclusions_over_every_seed_apart(tmp_path):

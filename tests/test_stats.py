@@ -1,4 +1,4 @@
-"""common.py's statistics for a few seeds a side: the exact permutation test, Holm's adjustment, Welch's t
+"""results.py's statistics for a few seeds a side: the exact permutation test, Holm's adjustment, Welch's t
 interval of a bounded difference cut to the possible range, compare_means, which carries them into the tables, and
 the exact binomial interval of a count of seeds. Each is checked
 against a computation by hand or by its definition, and, where scipy is installed (bash test.sh installs it),
@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-import common
+import results
 
 
 # -----------------------------------------------------------------------------
@@ -30,23 +30,23 @@ def permutation_p_by_definition(a, b):
 
 def test_permutation_test_by_hand():
     # fully apart, 3 and 3: only the observed split of the 20 is as extreme on its side, p = 2 / 20
-    assert common.permutation_test([4.0, 5.0, 6.0], [1.0, 2.0, 3.0]) == {'p': 0.1, 'p_min': 0.1, 'splits': 20,
+    assert results.permutation_test([4.0, 5.0, 6.0], [1.0, 2.0, 3.0]) == {'p': 0.1, 'p_min': 0.1, 'splits': 20,
                                                                        'exact': True}
     # every seed at 0% against every seed at 100%: ties within each side, still the smallest p
-    assert common.permutation_test([0.0] * 3, [100.0] * 3)['p'] == pytest.approx(0.1)
+    assert results.permutation_test([0.0] * 3, [100.0] * 3)['p'] == pytest.approx(0.1)
     # identical groups, also where the values' sums round differently in different orders
-    assert common.permutation_test([1.0, 2.0, 3.0], [3.0, 1.0, 2.0])['p'] == 1.0
-    assert common.permutation_test([0.1, 0.2, 0.3], [0.3, 0.1, 0.2])['p'] == 1.0
+    assert results.permutation_test([1.0, 2.0, 3.0], [3.0, 1.0, 2.0])['p'] == 1.0
+    assert results.permutation_test([0.1, 0.2, 0.3], [0.3, 0.1, 0.2])['p'] == 1.0
     # (scipy 1.17 gives 0.886 here: its tolerance is relative to the observed difference, which is 0; ours is
     # floored at the data's scale)
-    assert common.permutation_test([0.2, 0.9, 0.5, 0.3], [0.5, 0.3, 0.2, 0.9])['p'] == 1.0
-    assert common.permutation_test([5.0, 5.0], [5.0, 5.0, 5.0])['p'] == 1.0  # no spread at all
+    assert results.permutation_test([0.2, 0.9, 0.5, 0.3], [0.5, 0.3, 0.2, 0.9])['p'] == 1.0
+    assert results.permutation_test([5.0, 5.0], [5.0, 5.0, 5.0])['p'] == 1.0  # no spread at all
     # one run against three, the largest: 1 of the 4 splits is as extreme on its side, p = 2 x 1/4 (twice the
     # smaller tail, as scipy computes it; counting |difference| would give 1/4 here)
-    assert common.permutation_test([7.0], [1.0, 2.0, 3.0]) == {'p': 0.5, 'p_min': 0.5, 'splits': 4, 'exact': True}
-    assert common.permutation_test([1.0], [2.0])['p'] == 1.0
+    assert results.permutation_test([7.0], [1.0, 2.0, 3.0]) == {'p': 0.5, 'p_min': 0.5, 'splits': 4, 'exact': True}
+    assert results.permutation_test([1.0], [2.0])['p'] == 1.0
     with pytest.raises(ValueError):
-        common.permutation_test([], [1.0, 2.0])
+        results.permutation_test([], [1.0, 2.0])
 
 
 @pytest.mark.parametrize('na, nb', [(1, 1), (1, 3), (2, 2), (3, 3), (2, 5), (5, 5), (4, 6), (10, 10)])
@@ -54,12 +54,12 @@ def test_the_smallest_p_is_two_over_the_number_of_splits(na, nb):
     """Runs fully apart give the smallest p the sample sizes allow, 2 / C(na + nb, na) (capped at 1), and
     every p of those sizes is at least that."""
     low, high = np.arange(nb, dtype=float), 100.0 + np.arange(na)
-    r = common.permutation_test(high, low)
+    r = results.permutation_test(high, low)
     assert r['p'] == r['p_min'] == pytest.approx(min(1.0, 2 / math.comb(na + nb, na)), rel=1e-12)
     assert r['exact'] and r['splits'] == math.comb(na + nb, na)
     rng = np.random.default_rng(na * 100 + nb)
     for _ in range(5):
-        assert common.permutation_test(rng.normal(size=na), rng.normal(size=nb))['p'] >= r['p_min'] - 1e-12
+        assert results.permutation_test(rng.normal(size=na), rng.normal(size=nb))['p'] >= r['p_min'] - 1e-12
 
 
 def test_permutation_test_against_its_definition_with_one_run_a_side_and_ties():
@@ -70,22 +70,22 @@ def test_permutation_test_against_its_definition_with_one_run_a_side_and_ties():
     cases += [(list(rng.integers(0, 3, size=na).astype(float)), list(rng.integers(0, 3, size=6 - na).astype(float)))
               for na in (1, 2, 3) for _ in range(3)]
     for a, b in cases:
-        assert common.permutation_test(a, b)['p'] == pytest.approx(permutation_p_by_definition(a, b), abs=1e-12), (a, b)
+        assert results.permutation_test(a, b)['p'] == pytest.approx(permutation_p_by_definition(a, b), abs=1e-12), (a, b)
 
 
 def test_permutation_test_beyond_the_exact_limit_draws_seeded_splits():
     """11 runs a side have more splits than EXACT_MAX: PERMUTATION_DRAWS random ones, seeded, the observed split
     counted as one more, so that runs fully apart give 2 / (draws + 1) or a little more, never 0."""
-    assert math.comb(22, 11) > common.EXACT_MAX
-    r = common.permutation_test(100.0 + np.arange(11), np.arange(11.0))
-    assert not r['exact'] and r['splits'] == common.PERMUTATION_DRAWS
-    assert r['p_min'] == pytest.approx(2 / (common.PERMUTATION_DRAWS + 1))
+    assert math.comb(22, 11) > results.EXACT_MAX
+    r = results.permutation_test(100.0 + np.arange(11), np.arange(11.0))
+    assert not r['exact'] and r['splits'] == results.PERMUTATION_DRAWS
+    assert r['p_min'] == pytest.approx(2 / (results.PERMUTATION_DRAWS + 1))
     assert r['p_min'] <= r['p'] <= 3 * r['p_min']
     same = np.linspace(0.0, 1.0, 11)
-    assert common.permutation_test(same, same[::-1])['p'] == 1.0
+    assert results.permutation_test(same, same[::-1])['p'] == 1.0
     rng = np.random.default_rng(3)
     a, b = rng.normal(size=11), rng.normal(0.3, size=11)
-    assert common.permutation_test(a, b) == common.permutation_test(a, b)  # seeded: the same on every run
+    assert results.permutation_test(a, b) == results.permutation_test(a, b)  # seeded: the same on every run
 
 
 PERMUTATION_CASES = [  # (a, b): several sizes, ties, no spread on a side, percentages at their bounds
@@ -114,7 +114,7 @@ def test_permutation_test_against_scipy():
         cases.append((rng.normal(size=na), rng.normal(0.8, size=nb)))
         cases.append((rng.integers(0, 4, size=na).astype(float), rng.integers(1, 5, size=nb).astype(float)))  # ties
     for a, b in cases:
-        assert common.permutation_test(a, b)['p'] == pytest.approx(scipy_p(a, b), abs=1e-12), (a, b)
+        assert results.permutation_test(a, b)['p'] == pytest.approx(scipy_p(a, b), abs=1e-12), (a, b)
 
 
 def test_permutation_test_draws_against_scipy():
@@ -124,8 +124,8 @@ def test_permutation_test_draws_against_scipy():
     a, b = rng.normal(size=11), rng.normal(0.9, size=11)
     want = stats.permutation_test((a, b), lambda x, y, axis: x.mean(axis=axis) - y.mean(axis=axis), vectorized=True,
                                   permutation_type='independent', n_resamples=np.inf, batch=100_000).pvalue
-    got = common.permutation_test(a, b)['p']
-    assert abs(got - want) < 5 * math.sqrt(want * (1 - want) / common.PERMUTATION_DRAWS) + 1e-4, (got, want)
+    got = results.permutation_test(a, b)['p']
+    assert abs(got - want) < 5 * math.sqrt(want * (1 - want) / results.PERMUTATION_DRAWS) + 1e-4, (got, want)
 
 
 # -----------------------------------------------------------------------------
@@ -152,12 +152,12 @@ def holm_by_definition(pvalues):
 
 def test_holm_by_hand():
     # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1: 0.02, 0.03, 0.06, 0.04 -> 0.04 rises to 0.06, the order kept
-    assert common.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
-    assert common.holm([0.6, 0.7]) == [1.0, 1.0]  # capped at 1
-    assert common.holm([0.02]) == [0.02]
+    assert results.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert results.holm([0.6, 0.7]) == [1.0, 1.0]  # capped at 1
+    assert results.holm([0.02]) == [0.02]
     # no test: not counted, left as it is
-    assert common.holm([None, 0.02, None, 0.04]) == pytest.approx([None, 0.04, None, 0.04])
-    assert common.holm([0.01, 0.01, 0.2]) == pytest.approx([0.03, 0.03, 0.2])  # ties
+    assert results.holm([None, 0.02, None, 0.04]) == pytest.approx([None, 0.04, None, 0.04])
+    assert results.holm([0.01, 0.01, 0.2]) == pytest.approx([0.03, 0.03, 0.2])  # ties
 
 
 def test_holm_against_its_definition():
@@ -165,7 +165,7 @@ def test_holm_against_its_definition():
     for _ in range(300):
         m = int(rng.integers(1, 9))
         p = [float(v) for v in np.round(rng.uniform(0, 0.6, size=m) ** 2, 3)]  # small, with ties, some capped
-        assert common.holm(p) == pytest.approx(holm_by_definition(p), abs=1e-12), p
+        assert results.holm(p) == pytest.approx(holm_by_definition(p), abs=1e-12), p
 
 
 # -----------------------------------------------------------------------------
@@ -182,41 +182,41 @@ def test_clipped_interval_by_hand():
     """Without scipy: cases whose Welch-Satterthwaite df is a whole 1 or 2, where the t quantile has a closed form."""
     # a = {50, 52}, b = {40, 40}: the difference's variance 2/2 + 0 = 1 on df = 1^2 / (1^2 / 1) = 1; 11 +- 12.71,
     # inside -100..100, so the cut leaves it (a lower end below 0 that a cut to 0..100 would lose)
-    c = common.compare_means([50.0, 52.0], [40.0, 40.0], bounds=(0.0, 100.0))
+    c = results.compare_means([50.0, 52.0], [40.0, 40.0], bounds=(0.0, 100.0))
     assert c['df'] == pytest.approx(1.0) and c['ci_method'] == 't, clipped'
     assert c['ci'] == pytest.approx([11 - T975_DF1, 11 + T975_DF1], rel=1e-9)
-    assert c['ci'] == pytest.approx(common.compare_means([50.0, 52.0], [40.0, 40.0])['ci'], rel=1e-12)
+    assert c['ci'] == pytest.approx(results.compare_means([50.0, 52.0], [40.0, 40.0])['ci'], rel=1e-12)
     # two a side with the same variance 2: the difference's variance 1 + 1 = 2 on df = 2^2 / (1 + 1) = 2; -30 +- 6.08
-    c = common.compare_means([30.0, 32.0], [60.0, 62.0], bounds=(0.0, 100.0))
+    c = results.compare_means([30.0, 32.0], [60.0, 62.0], bounds=(0.0, 100.0))
     assert c['df'] == pytest.approx(2.0)
     assert c['ci'] == pytest.approx([-30 - T975_DF2 * math.sqrt(2), -30 + T975_DF2 * math.sqrt(2)], rel=1e-9)
     # a = {90, 100}, b = {10, 10}: 85 +- 5 x 12.71 = [21.5, 148.5], cut at +100 (not at a side's own bounds)
-    c = common.compare_means([90.0, 100.0], [10.0, 10.0], bounds=(0.0, 100.0))
+    c = results.compare_means([90.0, 100.0], [10.0, 10.0], bounds=(0.0, 100.0))
     assert c['ci'] == pytest.approx([85 - 5 * T975_DF1, 100.0], rel=1e-9) and c['diff'] == 85.0
-    assert common.compare_means([90.0, 100.0], [10.0, 10.0])['ci'][1] == pytest.approx(85 + 5 * T975_DF1, rel=1e-9)
+    assert results.compare_means([90.0, 100.0], [10.0, 10.0])['ci'][1] == pytest.approx(85 + 5 * T975_DF1, rel=1e-9)
     # on 0..1, cut below: a = {0, 0.1}, b = {0.9, 1}: -0.9 +- 4.30 x sqrt(0.005) = [-1.204, -0.596], cut at -1
-    c = common.compare_means([0.0, 0.1], [0.9, 1.0], bounds=(0.0, 1.0))
+    c = results.compare_means([0.0, 0.1], [0.9, 1.0], bounds=(0.0, 1.0))
     assert c['ci'] == pytest.approx([-1.0, -0.9 + T975_DF2 * math.sqrt(0.005)], rel=1e-9)
     # cut at both ends: a = {0, 100}, b = {100, 0}: 0 +- 4.30 x 70.7, the whole range
-    assert common.compare_means([0.0, 100.0], [100.0, 0.0], bounds=(0.0, 100.0))['ci'] == [-100.0, 100.0]
+    assert results.compare_means([0.0, 100.0], [100.0, 0.0], bounds=(0.0, 100.0))['ci'] == [-100.0, 100.0]
     # neither side varies: the difference alone, a single point
-    assert common.compare_means([1.0, 1.0], [0.0, 0.0], bounds=(0.0, 1.0))['ci'] == [1.0, 1.0]
-    assert common.compare_means([100.0] * 3, [0.0] * 3, bounds=(0.0, 100.0))['ci'] == [100.0, 100.0]
-    assert common.compare_means([80.0] * 2, [30.0] * 3, bounds=(0.0, 100.0))['ci'] == [50.0, 50.0]
-    assert common.compare_means([100.0] * 3, [100.0] * 2, bounds=(0.0, 100.0))['ci'] == [0.0, 0.0]
+    assert results.compare_means([1.0, 1.0], [0.0, 0.0], bounds=(0.0, 1.0))['ci'] == [1.0, 1.0]
+    assert results.compare_means([100.0] * 3, [0.0] * 3, bounds=(0.0, 100.0))['ci'] == [100.0, 100.0]
+    assert results.compare_means([80.0] * 2, [30.0] * 3, bounds=(0.0, 100.0))['ci'] == [50.0, 50.0]
+    assert results.compare_means([100.0] * 3, [100.0] * 2, bounds=(0.0, 100.0))['ci'] == [0.0, 0.0]
 
 
 def test_values_outside_the_bounds_are_an_error():
     with pytest.raises(ValueError, match='outside the bounds'):
-        common.compare_means([101.0, 50.0], [0.0, 1.0], bounds=(0.0, 100.0))
+        results.compare_means([101.0, 50.0], [0.0, 1.0], bounds=(0.0, 100.0))
     with pytest.raises(ValueError, match='outside the bounds'):
-        common.compare_means([0.5, 0.9], [-0.1, 0.2], bounds=(0.0, 1.0))
+        results.compare_means([0.5, 0.9], [-0.1, 0.2], bounds=(0.0, 1.0))
     with pytest.raises(ValueError, match='outside the bounds'):  # percentages given the bounds of fractions
-        common.compare_means([90.0, 80.0], [0.5, 0.6], bounds=(0.0, 1.0))
+        results.compare_means([90.0, 80.0], [0.5, 0.6], bounds=(0.0, 1.0))
     # a mean of per-length accuracies may round a hair past its bound: not an error, and the interval holds diff
-    c = common.compare_means([1.0 + 1e-12, 1.0 + 1e-12], [0.0, 0.0], bounds=(0.0, 1.0))
+    c = results.compare_means([1.0 + 1e-12, 1.0 + 1e-12], [0.0, 0.0], bounds=(0.0, 1.0))
     assert c['ci'][0] <= c['diff'] <= c['ci'][1] <= 1.0 + 1e-11
-    assert common.compare_means([0.5], [101.0, 0.0], bounds=(0.0, 100.0))['status'] == 'n/a: 1 seed'  # no test
+    assert results.compare_means([0.5], [101.0, 0.0], bounds=(0.0, 100.0))['status'] == 'n/a: 1 seed'  # no test
 
 
 def scipy_welch_interval(stats, a, b):
@@ -243,40 +243,40 @@ def test_clipped_interval_against_scipy():
     for (a, b), (lo, hi) in inside:
         ref = scipy_welch_interval(stats, a, b)
         assert lo - hi < ref[0] < ref[1] < hi - lo, (a, b, ref)  # (the case is what it says)
-        c = common.compare_means(a, b, bounds=(lo, hi))
+        c = results.compare_means(a, b, bounds=(lo, hi))
         assert c['ci'] == pytest.approx(ref, rel=1e-9, abs=1e-12), (a, b, c['ci'], ref)
     for (a, b), (lo, hi) in past:
         ref = scipy_welch_interval(stats, a, b)
         assert ref[0] < lo - hi or ref[1] > hi - lo, (a, b, ref)
-        c = common.compare_means(a, b, bounds=(lo, hi))
+        c = results.compare_means(a, b, bounds=(lo, hi))
         assert c['ci'] == pytest.approx([max(ref[0], lo - hi), min(ref[1], hi - lo)], rel=1e-9, abs=1e-12), (a, b)
-        assert common.compare_means(a, b)['ci'] == pytest.approx(ref, rel=1e-9), (a, b)  # without bounds: uncut
+        assert results.compare_means(a, b)['ci'] == pytest.approx(ref, rel=1e-9), (a, b)  # without bounds: uncut
 
 
 def test_a_bounded_difference_keeps_within_its_bounds():
     """Where Welch's t interval of a difference of percentages leaves -100..100, compare_means with bounds cuts it
     there and keeps its other end; the p-values are the same with or without bounds."""
     a, b = [100.0, 74.0], [0.0, 20.0, 0.0]
-    welch = common.compare_means(a, b)
+    welch = results.compare_means(a, b)
     assert welch['ci_method'] == 't' and welch['ci'][1] > 100  # the issue's '+87 [+20, +154]' kind
-    bounded = common.compare_means(a, b, bounds=(0.0, 100.0))
+    bounded = results.compare_means(a, b, bounds=(0.0, 100.0))
     assert bounded['ci_method'] == 't, clipped' and bounded['ci'] == [welch['ci'][0], 100.0]
-    assert bounded['p'] == welch['p'] and bounded['p_exact'] == welch['p_exact'] == common.permutation_test(a, b)['p']
+    assert bounded['p'] == welch['p'] and bounded['p_exact'] == welch['p_exact'] == results.permutation_test(a, b)['p']
     rng = np.random.default_rng(5)
     for _ in range(50):
         a, b = rng.choice([0.0, 1.0, 0.5, 0.9], size=rng.integers(2, 6)), rng.choice([0.0, 1.0, 0.1], size=3)
-        c = common.compare_means(a, b, bounds=(0.0, 1.0))
+        c = results.compare_means(a, b, bounds=(0.0, 1.0))
         assert -1.0 <= c['ci'][0] <= c['diff'] <= c['ci'][1] <= 1.0, (a, b, c['ci'])
         if c['p'] is not None:  # the t interval, cut at -1 and +1
-            t = common.compare_means(a, b)['ci']
+            t = results.compare_means(a, b)['ci']
             assert c['ci'] == [max(t[0], -1.0), min(t[1], 1.0)], (a, b)
 
 
 def test_interval_text():
-    assert common.interval_text(False) == '95% confidence interval (Welch-Satterthwaite t)'
-    assert common.interval_text(True) == ('95% confidence interval (Welch-Satterthwaite t), cut to the possible range, '
+    assert results.interval_text(False) == '95% confidence interval (Welch-Satterthwaite t)'
+    assert results.interval_text(True) == ('95% confidence interval (Welch-Satterthwaite t), cut to the possible range, '
                                           '-100 to +100 (a single point where neither side varies)')
-    assert '-1 to +1' in common.interval_text(True, bounds=(0, 1))
+    assert '-1 to +1' in results.interval_text(True, bounds=(0, 1))
 
 
 # -----------------------------------------------------------------------------
@@ -284,33 +284,33 @@ def test_interval_text():
 
 
 def test_compare_means_carries_both_tests():
-    c = common.compare_means([70.0, 72.0, 80.0], [60.0, 55.0, 65.0])
+    c = results.compare_means([70.0, 72.0, 80.0], [60.0, 55.0, 65.0])
     assert c['status'] == 'ok' and (c['n_a'], c['n_b']) == (3, 3)
-    assert c['p'] == common.welch_ttest([70.0, 72.0, 80.0], [60.0, 55.0, 65.0])[2]
+    assert c['p'] == results.welch_ttest([70.0, 72.0, 80.0], [60.0, 55.0, 65.0])[2]
     assert (c['p_exact'], c['p_min'], c['exact']) == (0.1, 0.1, True) and c['p'] < c['p_min']
-    assert common.compare_means([1.0], [1.0, 2.0])['status'] == 'n/a: 1 seed'
+    assert results.compare_means([1.0], [1.0, 2.0])['status'] == 'n/a: 1 seed'
     # no spread on either side: no Welch test, and for values without bounds no interval either
-    assert common.compare_means([2.0, 2.0], [3.0, 3.0])['status'] == 'n/a: zero variance'
+    assert results.compare_means([2.0, 2.0], [3.0, 3.0])['status'] == 'n/a: zero variance'
     # bounded values at their bounds in every seed are a result: the exact test applies, the interval is the point
-    c = common.compare_means([1.0, 1.0, 1.0], [0.0, 0.0, 0.0], bounds=(0.0, 1.0))
+    c = results.compare_means([1.0, 1.0, 1.0], [0.0, 0.0, 0.0], bounds=(0.0, 1.0))
     assert (c['status'], c['p'], c['t'], c['p_exact'], c['ci']) == ('ok', None, None, 0.1, [1.0, 1.0])
-    assert common.p_text(c['p']) == 'n/a'
+    assert results.p_text(c['p']) == 'n/a'
 
 
 def test_holm_over_a_table_its_caption_and_significance():
-    three = [common.compare_means([70.0, 72.0, 80.0], [60.0, 55.0, 65.0]),
-             common.compare_means([70.0, 61.0, 80.0], [60.0, 75.0, 65.0]), {'status': 'n/a: 1 seed'}]
-    assert common.holm_over(three) == 2 and 'p_holm' not in three[2]
-    assert [c['p_holm'] for c in three[:2]] == common.holm([three[0]['p_exact'], three[1]['p_exact']])
-    caption = common.tests_caption(three)
+    three = [results.compare_means([70.0, 72.0, 80.0], [60.0, 55.0, 65.0]),
+             results.compare_means([70.0, 61.0, 80.0], [60.0, 75.0, 65.0]), {'status': 'n/a: 1 seed'}]
+    assert results.holm_over(three) == 2 and 'p_holm' not in three[2]
+    assert [c['p_holm'] for c in three[:2]] == results.holm([three[0]['p_exact'], three[1]['p_exact']])
+    caption = results.tests_caption(three)
     assert 'for the 2 comparisons of this table' in caption and 'Smallest possible exact p: 0.1 with 3 and 3 seeds.' in caption
     assert caption.endswith('No comparison of this table can reach a Holm p below 0.05.')
-    assert common.significance(three[0]) is None  # Welch's p is below 0.05; Holm's exact p cannot be
-    ten = [common.compare_means(60.0 + np.arange(10), np.arange(10.0))]
-    common.holm_over(ten)
-    assert common.significance(ten[0]) == 'higher' and common.significance(dict(ten[0], diff=-1.0)) == 'lower'
-    assert 'can reach' not in common.tests_caption(ten) and '1.1e-05 with 10 and 10 seeds' in common.tests_caption(ten)
-    assert common.tests_caption([{'status': 'n/a: zero variance'}]) == ''
+    assert results.significance(three[0]) is None  # Welch's p is below 0.05; Holm's exact p cannot be
+    ten = [results.compare_means(60.0 + np.arange(10), np.arange(10.0))]
+    results.holm_over(ten)
+    assert results.significance(ten[0]) == 'higher' and results.significance(dict(ten[0], diff=-1.0)) == 'lower'
+    assert 'can reach' not in results.tests_caption(ten) and '1.1e-05 with 10 and 10 seeds' in results.tests_caption(ten)
+    assert results.tests_caption([{'status': 'n/a: zero variance'}]) == ''
 
 
 # -----------------------------------------------------------------------------
@@ -326,19 +326,19 @@ def binomial_tail(k, n, p, upper):
 def test_binomial_ci_by_hand():
     """The ends where a closed form exists, and the defining tail probabilities where it does not: the lower
     end p_lo has P(X >= k | p_lo) = 2.5%, the upper end p_hi has P(X <= k | p_hi) = 2.5%."""
-    assert common.binomial_ci(10, 10) == pytest.approx((0.025 ** (1 / 10), 1.0), abs=1e-12)
-    assert common.binomial_ci(0, 3) == pytest.approx((0.0, 1 - 0.025 ** (1 / 3)), abs=1e-12)
-    assert common.binomial_ci(1, 1) == pytest.approx((0.025, 1.0), abs=1e-12)
+    assert results.binomial_ci(10, 10) == pytest.approx((0.025 ** (1 / 10), 1.0), abs=1e-12)
+    assert results.binomial_ci(0, 3) == pytest.approx((0.0, 1 - 0.025 ** (1 / 3)), abs=1e-12)
+    assert results.binomial_ci(1, 1) == pytest.approx((0.025, 1.0), abs=1e-12)
     for k, n in [(1, 3), (2, 3), (7, 10), (1, 10), (5, 9), (3, 5)]:
-        lo, hi = common.binomial_ci(k, n)
+        lo, hi = results.binomial_ci(k, n)
         assert 0 < lo < k / n < hi < 1
         assert binomial_tail(k, n, lo, upper=True) == pytest.approx(0.025, abs=1e-10)
         assert binomial_tail(k, n, hi, upper=False) == pytest.approx(0.025, abs=1e-10)
-    assert common.k_of_n_text(7, 10) == '7 of 10 [35, 93]%'
-    assert common.k_of_n_text(3, 3) == '3 of 3 [29, 100]%'
+    assert results.k_of_n_text(7, 10) == '7 of 10 [35, 93]%'
+    assert results.k_of_n_text(3, 3) == '3 of 3 [29, 100]%'
     for k, n in [(-1, 3), (4, 3), (0, 0)]:
         with pytest.raises(ValueError, match='binomial_ci needs'):
-            common.binomial_ci(k, n)
+            results.binomial_ci(k, n)
 
 
 def test_binomial_ci_against_scipy():
@@ -346,9 +346,9 @@ def test_binomial_ci_against_scipy():
     for n in range(1, 21):
         for k in range(n + 1):
             ci = stats.binomtest(k, n).proportion_ci(0.95, method='exact')
-            assert common.binomial_ci(k, n) == pytest.approx((ci.low, ci.high), abs=1e-9), (k, n)
+            assert results.binomial_ci(k, n) == pytest.approx((ci.low, ci.high), abs=1e-9), (k, n)
     ci = stats.binomtest(4, 12).proportion_ci(0.9, method='exact')
-    assert common.binomial_ci(4, 12, level=0.9) == pytest.approx((ci.low, ci.high), abs=1e-9)
+    assert results.binomial_ci(4, 12, level=0.9) == pytest.approx((ci.low, ci.high), abs=1e-9)
 
 
 def test_mean_ci_and_its_text_against_scipy():
@@ -358,15 +358,15 @@ def test_mean_ci_and_its_text_against_scipy():
     stats = pytest.importorskip('scipy.stats')
     for values in ([80.0, 70.0, 90.0], [60.0, 65.0], [0.5, 0.9, 0.7, 0.2, 0.4], [-1.0, -0.5, -3.0]):
         a, b = stats.t.interval(0.95, len(values) - 1, loc=np.mean(values), scale=stats.sem(values))
-        assert common.mean_ci(values) == pytest.approx((np.mean(values), a, b), abs=1e-9)
-    m, lo, hi = common.mean_ci([80.0, 70.0, 90.0], bounds=(0.0, 100.0))  # 55.2 to 104.8 before the cut
+        assert results.mean_ci(values) == pytest.approx((np.mean(values), a, b), abs=1e-9)
+    m, lo, hi = results.mean_ci([80.0, 70.0, 90.0], bounds=(0.0, 100.0))  # 55.2 to 104.8 before the cut
     assert (lo, hi) == (pytest.approx(55.15, abs=0.01), 100.0)
-    assert common.mean_ci([-0.1, -0.2, -3.0], bounds=(-math.inf, 0.0))[2] == 0.0
-    assert common.mean_ci([5.0]) is None
-    assert common.mean_ci_text([80.0, 70.0, 90.0], bounds=(0.0, 100.0)) == '80.0 [55.2, 100.0]'
-    assert common.mean_ci_text([1.0, 0.5], bounds=(0, 1), fmt=lambda v: f"{100 * v:.0f}", unit='%') == '75% [0, 100]'
-    assert common.mean_ci_text([42.0]) == '42.0' and common.mean_ci_text([]) == '-'
-    assert common.mean_ci_text([100.0, 100.0, 100.0], bounds=(0.0, 100.0)) == '100.0 [100.0, 100.0]'
+    assert results.mean_ci([-0.1, -0.2, -3.0], bounds=(-math.inf, 0.0))[2] == 0.0
+    assert results.mean_ci([5.0]) is None
+    assert results.mean_ci_text([80.0, 70.0, 90.0], bounds=(0.0, 100.0)) == '80.0 [55.2, 100.0]'
+    assert results.mean_ci_text([1.0, 0.5], bounds=(0, 1), fmt=lambda v: f"{100 * v:.0f}", unit='%') == '75% [0, 100]'
+    assert results.mean_ci_text([42.0]) == '42.0' and results.mean_ci_text([]) == '-'
+    assert results.mean_ci_text([100.0, 100.0, 100.0], bounds=(0.0, 100.0)) == '100.0 [100.0, 100.0]'
 
 
 # -----------------------------------------------------------------------------
@@ -377,19 +377,19 @@ def test_retest_helpers():
     """kernels_of reads the kernels from machine texts; pearson is numpy's r, None where it is undefined;
     a conclusion is its direction with '*' where Holm's exact p is below 0.05, and it holds where both
     roundings give the same one (None without a test)."""
-    assert common.kernels_of(['AMD EPYC, AVX512 kernels, torch 2', 'AMD EPYC, AVX512 kernels, torch 2']) == 'AVX512'
-    assert common.kernels_of(['x, DEFAULT kernels, t', 'x, AVX2 kernels, t']) == 'AVX2, DEFAULT'
-    assert common.kernels_of(['unknown', None]) == 'unknown'
+    assert results.kernels_of(['AMD EPYC, AVX512 kernels, torch 2', 'AMD EPYC, AVX512 kernels, torch 2']) == 'AVX512'
+    assert results.kernels_of(['x, DEFAULT kernels, t', 'x, AVX2 kernels, t']) == 'AVX2, DEFAULT'
+    assert results.kernels_of(['unknown', None]) == 'unknown'
     x, y = [1.0, 2.0, 4.0, 3.0], [2.0, 2.5, 5.0, 2.0]
-    assert common.pearson(x, y) == pytest.approx(np.corrcoef(x, y)[0, 1])
-    assert common.pearson([1.0, 2.0], [2.0, 1.0]) is None and common.pearson([1.0, 1.0, 1.0], [1.0, 2.0, 3.0]) is None
-    a = common.compare_means([10.0, 11.0, 12.0, 13.0, 14.0], [0.0, 1.0, 2.0, 3.0, 4.0])
-    b = common.compare_means([10.0, 11.0, 12.0, 13.0, 14.0], [9.0, 12.0, 10.0, 14.0, 11.0])
-    common.holm_over([a]), common.holm_over([b])
-    assert (common.verdict(a), common.verdict(b)) == ('ahead*', 'ahead')  # exact p 0.0079 against 0.69
-    assert common.holds(a, dict(a)) is True and common.holds(a, b) is False
-    none = common.compare_means([1.0], [2.0])
-    assert common.verdict(none) == none['status'] and common.holds(a, none) is None
+    assert results.pearson(x, y) == pytest.approx(np.corrcoef(x, y)[0, 1])
+    assert results.pearson([1.0, 2.0], [2.0, 1.0]) is None and results.pearson([1.0, 1.0, 1.0], [1.0, 2.0, 3.0]) is None
+    a = results.compare_means([10.0, 11.0, 12.0, 13.0, 14.0], [0.0, 1.0, 2.0, 3.0, 4.0])
+    b = results.compare_means([10.0, 11.0, 12.0, 13.0, 14.0], [9.0, 12.0, 10.0, 14.0, 11.0])
+    results.holm_over([a]), results.holm_over([b])
+    assert (results.verdict(a), results.verdict(b)) == ('ahead*', 'ahead')  # exact p 0.0079 against 0.69
+    assert results.holds(a, dict(a)) is True and results.holds(a, b) is False
+    none = results.compare_means([1.0], [2.0])
+    assert results.verdict(none) == none['status'] and results.holds(a, none) is None
 
 
 def test_retest_sides_says_what_differs_between_the_two_trainings():
@@ -397,26 +397,26 @@ def test_retest_sides_says_what_differs_between_the_two_trainings():
     kernels are the same and each side ran on one machine of its own (a machine alone), and the two files otherwise;
     the caption's words say which of the three it is."""
     amd, intel = 'AMD EPYC (family 26, model 2), {} kernels, torch 2', 'Intel(R) Xeon(R) Processor (family 6, model 207), {} kernels, torch 2'
-    a, b, how = common.retest_sides([(amd.format('AVX512'), amd.format('DEFAULT'))] * 3)
+    a, b, how = results.retest_sides([(amd.format('AVX512'), amd.format('DEFAULT'))] * 3)
     assert (a, b) == ('AVX512', 'DEFAULT')
     assert how == ("under two roundings of one machine: ATen's AVX512 kernels and its DEFAULT kernels, otherwise "
                    "identical (DEFAULT: ATEN_CPU_CAPABILITY=default, ATen's plain C++ kernels)")
-    a, b, how = common.retest_sides([(amd.format('AVX512'), intel.format('AVX512'))] * 3)
+    a, b, how = results.retest_sides([(amd.format('AVX512'), intel.format('AVX512'))] * 3)
     assert (a, b) == ('AMD EPYC', 'Intel(R) Xeon(R) Processor')
     assert how == ("twice with ATen's AVX512 kernels, on two machines: AMD EPYC (family 26, model 2) (tables_from), "
                    "then Intel(R) Xeon(R) Processor (family 6, model 207) (rounding_from), otherwise identical")
     other = "AMD EPYC (family 25, model 1), AVX512 kernels, torch 2"  # two models of one name: named in full
-    assert common.retest_sides([(amd.format('AVX512'), other)])[:2] == ('AMD EPYC (family 26, model 2)',
+    assert results.retest_sides([(amd.format('AVX512'), other)])[:2] == ('AMD EPYC (family 26, model 2)',
                                                                         'AMD EPYC (family 25, model 1)')
-    a, b, how = common.retest_sides([(amd.format('AVX512'), amd.format('AVX512'))])
+    a, b, how = results.retest_sides([(amd.format('AVX512'), amd.format('AVX512'))])
     assert (a, b) == ('AVX512 (tables_from)', 'AVX512 (rounding_from)')
     assert how == "twice, on one machine, with ATen's AVX512 kernels both times"
-    a, b, how = common.retest_sides([(amd.format('AVX512'), None), (amd.format('AVX512'), intel.format('DEFAULT'))])
+    a, b, how = results.retest_sides([(amd.format('AVX512'), None), (amd.format('AVX512'), intel.format('DEFAULT'))])
     assert (a, b) == ('AVX512', 'DEFAULT')  # two kernels, with the runs that are not the rounding's alone counted
     assert how.startswith("under two roundings of one machine per run (2 machines: AMD EPYC (family 26, model 2); "
                           "Intel(R) Xeon(R) Processor (family 6, model 207)), except 1 run retrained on another machine "
                           "(there the machine differs too) (1 run without a recorded machine): ATen's AVX512")
-    a, b, how = common.retest_sides([(None, None)])
+    a, b, how = results.retest_sides([(None, None)])
     assert (a, b) == ('unknown (tables_from)', 'unknown (rounding_from)')
     assert how.endswith("ATen's kernels as the runs record them, unknown (tables_from) and unknown (rounding_from; "
                         "unknown: not recorded)")
@@ -425,13 +425,13 @@ def test_retest_sides_says_what_differs_between_the_two_trainings():
 def test_verdict_counts_and_where_conclusions_hold():
     """One pair's comparisons summed up in words, and the keys where both roundings say the same; keys without a
     test under both are left out of the count."""
-    a = common.compare_means([10.0, 11.0, 12.0, 13.0, 14.0], [0.0, 1.0, 2.0, 3.0, 4.0])
-    b = common.compare_means([10.0, 11.0, 12.0, 13.0, 14.0], [9.0, 12.0, 10.0, 14.0, 11.0])
-    c = common.compare_means([0.0, 1.0, 2.0, 3.0, 4.0], [10.0, 11.0, 12.0, 13.0, 14.0])
-    none = common.compare_means([1.0], [2.0])
+    a = results.compare_means([10.0, 11.0, 12.0, 13.0, 14.0], [0.0, 1.0, 2.0, 3.0, 4.0])
+    b = results.compare_means([10.0, 11.0, 12.0, 13.0, 14.0], [9.0, 12.0, 10.0, 14.0, 11.0])
+    c = results.compare_means([0.0, 1.0, 2.0, 3.0, 4.0], [10.0, 11.0, 12.0, 13.0, 14.0])
+    none = results.compare_means([1.0], [2.0])
     for x in (a, b, c):
-        common.holm_over([x])
-    assert common.verdict_counts([a, b, c, none]) == 'ahead at 2, significantly at 1; behind significantly at 1'
+        results.holm_over([x])
+    assert results.verdict_counts([a, b, c, none]) == 'ahead at 2, significantly at 1; behind significantly at 1'
     ca, cb = {41: a, 51: b, 61: none, 71: c}, {41: a, 51: a, 61: a, 71: c}
-    assert common.holds_at(ca, cb, [41, 51, 61, 71], 'N') == ('at 2 of 3; not at N=51', 2, 3)
-    assert common.holds_at({41: none}, {41: a}, [41], 'L') == ('n/a', 0, 0)
+    assert results.holds_at(ca, cb, [41, 51, 61, 71], 'N') == ('at 2 of 3; not at N=51', 2, 3)
+    assert results.holds_at({41: none}, {41: a}, [41], 'L') == ('n/a', 0, 0)
