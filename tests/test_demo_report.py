@@ -1,0 +1,112 @@
+"""demo_report.py on small files of its own: publishing refused where it would drop what is published, what
+counts as published, and the degradation search's trials and tables (the demo end to end: tests/test_demo.py)."""
+
+import json
+import os
+import re
+
+import pytest
+
+import demo_report
+
+PARTS = ("rope_scaling/results.json", "passkey/passkey.json")
+README = "intro\n<!-- demo-results:start -->\nold\n<!-- demo-results:end -->\nend\n"
+
+
+def write_run(folder, seeds, parts=PARTS):
+    """A results directory with {label: number of seeds} and the parts named: what dropped_rows reads."""
+    folder.mkdir(parents=True)
+    (folder / "results.json").write_text(json.dumps({"groups": [{"label": k, "n": n} for k, n in seeds.items()]}))
+    (folder / "ppl_vs_length.png").write_bytes(b"png")
+    for part in parts:
+        (folder / part).parent.mkdir(parents=True, exist_ok=True)
+        (folder / part).write_text("{}")
+
+
+def files(root):
+    out = {}
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            with open(os.path.join(dirpath, name), "rb") as f:
+                out[os.path.relpath(os.path.join(dirpath, name), root)] = f.read()
+    return out
+
+
+STUDY = {"kerple": 4, "dape-kerple": 4, "alibi": 1}
+DROPS = {  # the run's change from the published study -> what it would drop
+    "a label missing": (dict(seeds={"kerple": 4, "dape-kerple": 4}), "alibi (not in this run)"),
+    "a part missing": (dict(parts=PARTS[:1]), "passkey/passkey.json (not in this run)"),
+    "one seed fewer": (dict(seeds=dict(STUDY, **{"dape-kerple": 3})), "dape-kerple (4 seeds, this run 3)"),
+}
+
+
+@pytest.mark.parametrize("case", list(DROPS))
+def test_publish_refuses_a_run_that_would_drop_a_published_row(tmp_path, monkeypatch, case):
+    """Each way a run can hold less than the published study is named and refused, and nothing changes: not the
+    README, not docs/. The study is published both where a headline run and where a --full run would go."""
+    monkeypatch.setattr(demo_report, "ROOT", str(tmp_path))
+    published = tmp_path / demo_report.PUBLISHED
+    write_run(published, STUDY)
+    write_run(tmp_path / (demo_report.PUBLISHED + "-full"), STUDY)
+    (tmp_path / "README.md").write_text(README)
+    change, lost = DROPS[case]
+    write_run(tmp_path / "run", **dict(dict(seeds=STUDY), **change))
+    assert demo_report.dropped_rows(str(tmp_path / "run"), str(published)) == [lost]
+    before = files(tmp_path / "docs")
+    with pytest.raises(SystemExit, match=r"--publish refused: .* would drop what docs/results/demo\S*/ publishes: "
+                                         + re.escape(lost) + r"\. "):
+        demo_report.publish(str(tmp_path / "run"))
+    assert files(tmp_path / "docs") == before and (tmp_path / "README.md").read_text() == README
+
+
+def test_a_run_that_holds_the_published_study_drops_nothing(tmp_path):
+    """More seeds, a label more, every part: nothing dropped; and nothing is dropped where nothing is published."""
+    write_run(tmp_path / "published", STUDY)
+    write_run(tmp_path / "run", dict(STUDY, kerple=5, fire=3))
+    assert demo_report.dropped_rows(str(tmp_path / "run"), str(tmp_path / "published")) == []
+    assert demo_report.dropped_rows(str(tmp_path / "run"), str(tmp_path / "none")) == []
+
+
+def test_published_is_a_path_inside_docs_results():
+    """docs/results/ and what lies in it are published; a folder whose name only begins the same is not."""
+    docs = os.path.join(demo_report.ROOT, "docs")
+    assert demo_report.is_published(os.path.join(docs, "results", "demo"))
+    assert not demo_report.is_published(os.path.join(docs, "results_old", "demo"))
+    assert not demo_report.is_published(os.path.join(demo_report.ROOT, "results", "demo"))
+
+
+def evaluation(tmp_path, trained_by):
+    """eval_extrapolate.py's results.json of one checkpoint evaluated with --far_mass=True, at 1x and 2x."""
+    run = {"model_args": {"pos": "kerple", "block_size": 64, "n_head": 2}, "iter_num": 100, "seed": 1,
+           "results": {"64": {"ppl": 7.0}, "128": {"ppl": 7.5}}, "far_mass": {"128": [[0.1, 0.3]]},
+           "far_mass_windows": 4, "head_values": [{"r1": [0.5, 1.0]}]}
+    if trained_by:
+        run["trained_by"] = trained_by
+    (tmp_path / "results.json").write_text(json.dumps(
+        {"lengths": [64, 128], "runs": [run],
+         "protocol": {"eval_tokens": 32, "num_windows": 4, "evaluated_by": {"commit": "e"}}}))
+    return str(tmp_path)
+
+
+def test_a_search_trial_keeps_the_checkpoints_record_of_its_training(tmp_path):
+    """Where the checkpoint records its training, that record stands: a command or commit given for older
+    checkpoints does not replace it. Where it records none, the given ones are taken."""
+    recorded = {"commit": "abc", "command": "python train.py --pos=kerple", "machine": "M", "date": "2026-11-30"}
+    trial = demo_report.search_trial(evaluation(tmp_path, recorded), "kerple", "none", "python train.py --other", "xyz")
+    assert trial["trained_by"] == recorded and trial["ppl"] == {"64": 7.0, "128": 7.5}
+    trial = demo_report.search_trial(evaluation(tmp_path, None), "kerple", "none", "python train.py --other", "xyz")
+    assert (trial["trained_by"]["command"], trial["trained_by"]["commit"]) == ("python train.py --other", "xyz")
+    assert trial["trained_by"]["machine"] == "unknown"
+
+
+def test_search_tables_have_a_column_for_every_multiple_of_any_trial():
+    """Trials evaluated at different lengths: the header has every multiple that any trial reached, and a trial
+    without it shows '-' there."""
+    def trial(name, ppl):
+        return {"name": name, "changes": "x", "block_size": 64, "ppl": ppl,
+                "far_mass": {"128": [[0.1, 0.2]]}, "head_values": [{"r1": [1.0, 0.2]}]}
+    text = demo_report.search_tables({"trials": [trial("short", {"64": 7.0, "128": 7.7}),
+                                                 trial("long", {"64": 7.0, "128": 7.7, "1024": 14.0})]})
+    lines = text.splitlines()
+    assert lines[0] == "| trial | changes | ppl at 1x | 2x / 1x | 16x / 1x |"
+    assert "| short | x | 7.000 | 1.100 | - |" in lines and "| long | x | 7.000 | 1.100 | 2.000 |" in lines
