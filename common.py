@@ -16,10 +16,15 @@ The one device and dtype rule (train.py, eval_extrapolate.py, sample.py, visuali
 """
 
 import datetime
+import functools
+import hashlib
 import inspect
 import json
+import linecache
 import os
 import subprocess
+import sys
+import types
 from contextlib import nullcontext
 from dataclasses import fields
 
@@ -126,16 +131,97 @@ def check_weights(path, state, model):
     return state
 
 
+# -----------------------------------------------------------------------------
+# the dape.py a checkpoint was trained with: an edit of f (an ablation) and its baseline, trained in two trees,
+# then load in one process each with its own f, and their labels tell them apart
+
+_RECORDED = {}  # sha256 -> the module made from a checkpoint's recorded dape.py (one per definition and process)
+
+
+def sha256(text):
+    return hashlib.sha256(text.encode('utf-8')).hexdigest()
+
+
+@functools.cache
+def dape_here():
+    """The text of the dape.py this process imported (read once, as models are built from what was imported)."""
+    import dape
+    with open(dape.__file__, encoding='utf-8') as f:
+        return f.read()
+
+
+def dape_record():
+    """What train.py saves with every checkpoint of the dape.py here: {'sha256' of its text, 'edited': whether it
+    differs from the committed one (git show HEAD:./dape.py; None outside a git checkout), 'source': the text
+    itself (a few kB), from which load_checkpoint builds the model again wherever dape.py has changed since}."""
+    source = dape_here()
+    try:
+        out = subprocess.run(['git', 'show', 'HEAD:./dape.py'], cwd=ROOT, capture_output=True, timeout=30)
+        committed = out.stdout.decode('utf-8') if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, UnicodeDecodeError):
+        committed = None
+    return {'sha256': sha256(source), 'edited': None if committed is None else source != committed, 'source': source}
+
+
+def dape_module(record, where):
+    """The module whose DAPEV1 and DAPEV2 build a checkpoint's model, from its dape_record: the dape.py here
+    where the record is of the same text (or absent: a checkpoint older than the record), else the recorded
+    source as a module of its own. Its file name is registered in linecache, so that inspect and the syntax
+    trees of fingerprint.py read its code, and dape_paths.py decides by that code which path runs it (the fast
+    ones where it is the definition they implement). Says once per definition that it is used, and why."""
+    import dape
+    if not record or record['sha256'] == sha256(dape_here()):
+        return dape
+    sha, source = record['sha256'], record.get('source')
+    if sha in _RECORDED:
+        return _RECORDED[sha]
+    if not isinstance(source, str) or sha256(source) != sha:
+        raise ValueError(f"{where}: its record of dape.py is damaged (the source does not have the recorded "
+                         f"sha256 {sha[:12]}): the model it was trained with cannot be built; retrain it")
+    name, filename = f"dape_{sha[:12]}", f"<dape.py {sha[:12]}, recorded in a checkpoint>"
+    module = types.ModuleType(name, "dape.py as a checkpoint recorded it (common.dape_module)")
+    module.__file__ = filename
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)  # never reloaded
+    sys.modules[name] = module  # where inspect finds a class's file
+    try:
+        exec(compile(source, filename, 'exec'), module.__dict__)
+    except Exception as e:
+        del sys.modules[name]
+        raise ValueError(f"{where}: the dape.py it was trained with (recorded in it) does not run here "
+                         f"({type(e).__name__}: {e}); evaluate it with the code it was trained with") from e
+    _RECORDED[sha] = module
+    how = {True: 'an uncommitted edit', False: "its commit's", None: 'outside a git checkout'}[record.get('edited')]
+    print(f"note: {where} was trained with another dape.py ({how}, sha256 {sha[:12]}) than the one here: its "
+          f"model is built with that one, which the checkpoint records (so is every checkpoint of that dape.py)")
+    return module
+
+
+def dape_of_run(ckpt):
+    """What results files record of a checkpoint's dape.py: {'sha256', 'edited', 'tag'}, or None for a checkpoint
+    older than the record. 'tag', the sha256's first 7 hex digits (sha256sum dape.py), labels a DAPE model
+    trained with a dape.py that is not the committed one (an edit, or a copy of unknown origin that is not the
+    dape.py here), so that an ablation's runs never group with their baseline's; None otherwise."""
+    record = ckpt.get('dape_py')
+    if not record:
+        return None
+    other = record['edited'] or (record['edited'] is None and record['sha256'] != sha256(dape_here()))
+    has_f = (ckpt.get('model_args') or {}).get('dape', 'none') != 'none'
+    return {'sha256': record['sha256'], 'edited': record['edited'],
+            'tag': record['sha256'][:7] if has_f and other else None}
+
+
 def load_checkpoint(path, device='cpu'):
-    """Load a train.py checkpoint (a ckpt.pt file or the out_dir holding one) and build its model.
-    Returns (model, checkpoint dict). Errors name the file and what to do."""
+    """Load a train.py checkpoint (a ckpt.pt file or the out_dir holding one) and build its model, with the
+    dape.py it was trained with (dape_module). Returns (model, checkpoint dict). Errors name the file and what
+    to do."""
     from model import GPT, GPTConfig
     if os.path.isdir(path):
         path = os.path.join(path, 'ckpt.pt')
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no checkpoint at {path}; train one first: python train.py <config> --out_dir=...")
     ckpt = read_checkpoint_file(path, device=device)
-    model = GPT(GPTConfig(**ckpt['model_args']))
+    config = GPTConfig(**ckpt['model_args'])
+    model = GPT(config, dape=dape_module(ckpt.get('dape_py') if config.dape != 'none' else None, path))
     model.load_state_dict(check_weights(path, ckpt['model'], model))
     return model.to(device), ckpt
 
@@ -390,10 +476,13 @@ def training_setting(ckpt):
 def setting_of(run):
     """All that makes a run (or group) what it is, but its seed: the model, its training, the data, and
     how RoPE is read. A model option that a run's checkpoint predates counts as its default, which is what
-    loading that checkpoint builds."""
+    loading that checkpoint builds. A DAPE model trained with a dape.py other than the committed one (an
+    ablation of f) has its short hash under 'dape.py' (dape_of_run)."""
     from model import GPTConfig
     model = {f.name: f.default for f in fields(GPTConfig)}
     model.update(run['model_args'])
+    if (run.get('dape_py') or {}).get('tag'):
+        model['dape.py'] = run['dape_py']['tag']
     return {'model': {k: v for k, v in model.items() if k not in SAME_FUNCTION},
             'training': run.get('training'), 'data_dir': run['data_dir'],
             'rope_scaling': run.get('rope_scaling', 'none')}
@@ -429,7 +518,8 @@ def pos_options(spec):
 
 def base_label(a):
     """'kerple', 'dape-kerple', 'dapev2-kerple', with non-default DAPE options, rand_pos and the attention's
-    options (attn_suffix) spelled out."""
+    options (attn_suffix) spelled out, and the short hash of an edited dape.py (setting_of):
+    'dape-kerple[dape.py=3f9a2c1]'."""
     name = a['pos'] + ('+rand' if a.get('rand_pos') else '') + attn_suffix(a)
     if a.get('dape', 'none') == 'none':
         return name
@@ -442,6 +532,8 @@ def base_label(a):
         name += f"[{a['dape_variant']}]"
     if a.get('dape_init', 'default') != 'default':
         name += f"-{a['dape_init']}"
+    if a.get('dape.py'):
+        name += f"[dape.py={a['dape.py']}]"
     return name
 
 

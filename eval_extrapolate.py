@@ -29,7 +29,10 @@ Protocol (paper §4 "Datasets" and Appendix, "the last 256 tokens"; docs/evaluat
   go below what the seed counts allow: 0.1 with 3 and 3) with its Holm adjustment over every comparison
   of the table, and the difference of the mean perplexities with its 95% confidence interval
   (Welch-Satterthwaite degrees of freedom); a DAPE-X group with f zero at step 0 (dape_init='zero') also
-  against the same DAPE-X with the default init, where it is present.
+  against the same DAPE-X with the default init, and one trained with an edited dape.py (an ablation of f,
+  labelled dape-x[dape.py=<its sha256's first 7 digits>]) against the same DAPE-X with the committed one,
+  where it is present. Each checkpoint's model runs the dape.py it was trained with, which it records, so an
+  ablation and its baseline are evaluated in one call in either tree.
 - Models trained for unequal lengths are compared with a note (printed, and under 'notes' in
   results.json): labels that differ in training iterations or tokens seen, and checkpoints saved before
   their own max_iters. The Welch rows of such pairs are marked (!).
@@ -52,9 +55,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common import (InputError, auto_labels, autocast, checkpoints_and_config, find_checkpoints, find_data_dir,
-                    load_run, load_val, parse_list, pick_device, pick_dtype, provenance, resolve_data_dir,
-                    rope_scaling_options, setting_of, trained_by, training_data_dirs, training_setting)
+from common import (InputError, auto_labels, autocast, checkpoints_and_config, dape_of_run, find_checkpoints,
+                    find_data_dir, load_run, load_val, parse_list, pick_device, pick_dtype, provenance,
+                    resolve_data_dir, rope_scaling_options, setting_of, trained_by, training_data_dirs,
+                    training_setting)
 from results import (compare_means, difference_text, format_table, group_over_seeds, holm_over, jsonable, mean_std_text,
                      p_text, tests_caption)
 from configurator import ConfigError
@@ -333,7 +337,7 @@ def plot_loss_by_position(runs, path):
 # settings, labels, groups
 
 
-DAPE_KEYS = ('dape', 'dape_variant', 'dape_width', 'dape_kernel', 'dape_init')
+DAPE_KEYS = ('dape', 'dape_variant', 'dape_width', 'dape_kernel', 'dape_init', 'dape.py')
 
 
 def group_runs(runs, eval_lengths):
@@ -356,6 +360,7 @@ def group_runs(runs, eval_lengths):
                     'seeds': [m['seed'] for m in members], 'model_args': members[0]['model_args'],
                     'training': members[0].get('training'), 'data_dir': members[0]['data_dir'],
                     'rope_scaling': members[0].get('rope_scaling', 'none'),  # part of the setting (setting_of)
+                    'dape_py': members[0].get('dape_py'),  # so is an edited dape.py
                     'block_size': members[0]['model_args']['block_size'], 'ppl': gp['stats'], 'bpb': gb['stats']})
     return out
 
@@ -404,8 +409,10 @@ def parse_pairs(text, labels):
 
 def comparison_pairs(groups, explicit=()):
     """(dape group, baseline group) pairs: the explicit (label, label) list (parse_pairs), or every
-    DAPE-X group whose setting minus the DAPE options equals that of a group without DAPE, and then every
-    DAPE-X group with f zero at step 0 against the same DAPE-X with the default init, where there is one."""
+    DAPE-X group whose setting minus the DAPE options equals that of a group without DAPE, then every
+    DAPE-X group with f zero at step 0 against the same DAPE-X with the default init, and every DAPE-X group
+    trained with an edited dape.py (an ablation) against the same DAPE-X with the committed one, where there
+    is one."""
     by_label = {g['label']: g for g in groups}
     if explicit:
         return [(by_label[a], by_label[b]) for a, b in explicit]
@@ -424,9 +431,13 @@ def comparison_pairs(groups, explicit=()):
         return out
     baselines = by_setting([g for g in groups if g not in dape], DAPE_KEYS)
     defaults = by_setting([g for g in dape if g not in zero], ('dape_init',))
+    edited = [g for g in dape if 'dape.py' in setting_of(g)['model']]
+    committed = by_setting([g for g in dape if g not in edited], ('dape.py',))
     return ([(g, baselines[setting_without(g)]) for g in dape if setting_without(g) in baselines]
             + [(g, defaults[setting_without(g, ('dape_init',))]) for g in zero
-               if setting_without(g, ('dape_init',)) in defaults])
+               if setting_without(g, ('dape_init',)) in defaults]
+            + [(g, committed[setting_without(g, ('dape.py',))]) for g in edited
+               if setting_without(g, ('dape.py',)) in committed])
 
 
 def compare(dape_group, base_group, eval_lengths):
@@ -772,7 +783,8 @@ def evaluate(cfg, ckpt_paths, command='unknown (eval_extrapolate.evaluate called
                      'training': training_setting(ckpt), 'tokenizer': tok, 'tokenizer_from': tok_from,
                      'seed': conf.get('seed'), 'iter_num': ckpt.get('iter_num'),
                      'max_iters': conf.get('max_iters'), 'tokens_seen': tokens_seen(ckpt),
-                     'best_val_loss': ckpt.get('best_val_loss'), 'trained_by': trained_by(ckpt)})
+                     'best_val_loss': ckpt.get('best_val_loss'), 'trained_by': trained_by(ckpt),
+                     'dape_py': dape_of_run(ckpt)})
         del model
     for r, lab in zip(runs, user_labels or auto_labels(runs)):
         r['label'] = lab

@@ -31,8 +31,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from einops import rearrange
 
+import dape
 import dape_paths
-from dape import DAPEV1, DAPEV2, INITS, VARIANTS
+from dape import INITS, VARIANTS
 from positional import ENCODINGS, as_map
 
 # Attention probabilities of far-away keys (exp of very negative logits) underflow into float32
@@ -188,7 +189,7 @@ def normalisation(config):
 
 class SelfAttention(nn.Module):
 
-    def __init__(self, config):
+    def __init__(self, config, dape=dape):
         super().__init__()
         self.n_head, self.n_embd = config.n_head, config.n_embd
         self.head_size = config.n_embd // config.n_head
@@ -200,11 +201,11 @@ class SelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         has_bias = ENCODINGS[config.pos].has_bias
-        if config.dape == "v1":
-            self.dape = DAPEV1(config.n_head, config.dape_width, config.dape_variant, has_bias, config.dape_init)
+        if config.dape == "v1":  # dape: the module that defines f (a checkpoint's own, common.dape_module)
+            self.dape = dape.DAPEV1(config.n_head, config.dape_width, config.dape_variant, has_bias, config.dape_init)
         elif config.dape == "v2":
-            self.dape = DAPEV2(config.n_head, config.dape_width, config.dape_kernel, config.dape_variant, has_bias,
-                               config.dape_init)
+            self.dape = dape.DAPEV2(config.n_head, config.dape_width, config.dape_kernel, config.dape_variant,
+                                    has_bias, config.dape_init)
         else:
             self.dape = None
         self.stickbreaking, self.sb_current = config.attn == "stickbreaking", config.sb_current
@@ -380,10 +381,10 @@ class MLP(nn.Module):
 
 class Block(nn.Module):
 
-    def __init__(self, config):
+    def __init__(self, config, dape=dape):
         super().__init__()
         self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
-        self.attn = SelfAttention(config)
+        self.attn = SelfAttention(config, dape)
         self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
@@ -406,7 +407,9 @@ class KVCache:
 
 class GPT(nn.Module):
 
-    def __init__(self, config):
+    def __init__(self, config, dape=dape):
+        """dape: the module whose DAPEV1 and DAPEV2 define f (dape.py; a checkpoint's recorded dape.py where it
+        was trained with another, common.load_checkpoint)."""
         super().__init__()
         assert isinstance(config, GPTConfig), "GPT takes a GPTConfig"
         self.config = config
@@ -414,7 +417,7 @@ class GPT(nn.Module):
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
             drop=nn.Dropout(config.dropout),
-            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            h=nn.ModuleList([Block(config, dape) for _ in range(config.n_layer)]),
             ln_f=LayerNorm(config.n_embd, bias=config.bias),
         ))
         # one encoding per layer (Kerple, FIRE, ...) or one for the whole model (T5's table, ALiBi, RoPE)

@@ -34,8 +34,8 @@ import torch
 
 import dape_paths
 import passkey
-from common import (InputError, autocast, check_dataset, check_weights, machine_text, pick_dtype, provenance,
-                    read_checkpoint_file)
+from common import (InputError, autocast, check_dataset, check_weights, dape_module, dape_record, machine_text,
+                    pick_dtype, provenance, read_checkpoint_file)
 from configurator import ConfigError, check_device, config_defaults, configure, update_config
 from model import GPT, GPTConfig, normalisation
 from positional import ENCODINGS
@@ -404,7 +404,13 @@ def train(config=None, command='unknown (train.train called in a process of its 
 
     torch.manual_seed(cfg.seed)  # the same initial weights in every process (FSDP shards them as they are)
     gptconf = GPTConfig(**model_args)
-    model = GPT(gptconf)
+    # the dape.py that defines f, which every save records (common.dape_record): evaluation builds the model
+    # with it again, wherever dape.py has changed since; a resumed run continues with its own
+    dape_py = (small.get('dape_py') if cfg.init_from == 'resume' else None) or dape_record()
+    try:
+        model = GPT(gptconf, dape=dape_module(dape_py if gptconf.dape != 'none' else None, ckpt_path))
+    except ValueError as e:  # a damaged record, or one that does not run here
+        raise CheckpointError(f"{e}. It cannot be resumed and was left as it is") from None
     if cfg.init_from == 'resume' and master:  # weights that do not fit (a file edited or mixed up): named, not loaded
         try:
             check_weights(ckpt_path, ckpt['model'], model)
@@ -527,7 +533,7 @@ def train(config=None, command='unknown (train.train called in a process of its 
             ck = {'model': msd, 'optimizer': osd, 'model_args': model_args, 'iter_num': iter_num,
                   'best_val_loss': best_val_loss, 'config': config, 'dataset': cfg.dataset,
                   'rng': {'world_size': world_size, 'ranks': states}, 'scaler': scaler.state_dict(),
-                  'machines': machines, 'provenance': origin}
+                  'machines': machines, 'provenance': origin, 'dape_py': dape_py}
             save_checkpoint(ck, ckpt_path)
             print(f"saved checkpoint to {ckpt_path}")
 
