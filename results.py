@@ -6,12 +6,20 @@ their tables, and the test-retest of the same runs trained twice (under two roun
 Library code: it reads no checkpoint and runs no model.
 """
 
+import csv
 import functools
 import itertools
+import json
 import math
+import os
 import re
 
 import numpy as np
+
+import che_data
+import retrieval_data
+from common import InputError
+from passkey import chance_logp_per_digit
 
 # -----------------------------------------------------------------------------
 # table text
@@ -505,3 +513,1482 @@ def holds_at(ca, cb, keys, name):
     text = (f"at {len(tested) - len(other)} of {len(tested)}" + (f"; not at {name}={','.join(map(str, other))}" if other else '')
             if tested else 'n/a')
     return text, len(tested) - len(other), len(tested)
+
+
+# -----------------------------------------------------------------------------
+# which runs a table compares
+
+
+def comparison_pairs(keys, parts):
+    """Which rows a table compares, keys in table order: each DAPE-X against X, its setting without DAPE, and a
+    DAPE-X that departs from DAPE as released (f zero at step 0, an edited dape.py) also against the same DAPE-X
+    without that departure. parts(key) -> (the setting without DAPE's options, which DAPE ('none' without), a
+    tuple of its departures, each None where it has not that one). Two keys of the same parts are an error: which
+    of them is the baseline would be a guess. -> [(key, base key)], in the order of keys."""
+    by_parts = {}
+    for k in keys:
+        if parts(k) in by_parts:
+            raise InputError(f"{by_parts[parts(k)]!r} and {k!r} have the same setting: give them one label (or name "
+                             f"the comparisons)")
+        by_parts[parts(k)] = k
+    pairs = []
+    for (setting, dape, departs), k in by_parts.items():
+        if dape != 'none':
+            bases = [(setting, 'none', (None,) * len(departs))] + [
+                (setting, dape, departs[:i] + (None,) + departs[i + 1:]) for i, d in enumerate(departs) if d is not None]
+            pairs += [(k, by_parts[b]) for b in bases if b in by_parts]
+    return pairs
+
+
+# -----------------------------------------------------------------------------
+# results files: the runs' figures that a results page's tables are made of, kept in the repository
+
+
+def write_json(path, obj):
+    """obj as JSON at path, written whole or not at all (a failed write leaves the previous file)."""
+    text = json.dumps(obj, indent=1)  # (a value json cannot write raises before the file is touched)
+    with open(path + '.tmp', 'w') as f:
+        f.write(text)
+    os.replace(path + '.tmp', path)
+
+
+def read_results(path, option, fix, field='runs', keys=(), what='che_tasks'):
+    """The results file `path`, read and never written: a JSON object whose list `field` holds the runs, each
+    naming `keys`; an InputError naming `option`, the file and `fix` where it is missing, not JSON or not such a
+    file."""
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except FileNotFoundError:
+        raise InputError(f"{option}={path}: no such file; {fix}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(f"{option}={path} cannot be read as JSON ({e}): not a readable results file; "
+                         f"{fix}") from None
+    runs = saved.get(field) if isinstance(saved, dict) else None
+    if not isinstance(runs, list) or not all(isinstance(r, dict) and set(keys) <= r.keys() for r in runs):
+        raise InputError(f"{option}={path} is not a {what} results file (a JSON object whose '{field}' each name "
+                         f"{', '.join(keys)}); {fix}")
+    return saved
+
+
+def merge_rows(path, saved, rows, key, group, field='runs'):
+    """Merge runs (rows) into the results file `path`, whose content (read_results) is `saved`, each marked source: run:
+    a run of the same key(run) is replaced in place (a rerun of a seed replaces its earlier figures), a new one
+    goes among its group(run)'s runs by seed (before the first of a larger seed; after the file's runs where its
+    group has none); the file's other runs and fields are kept. The same group and seed under another key would
+    count as two seeds: an error, the file left as it was. Written whole or not at all."""
+    kept = list(saved[field])
+    for run in rows:
+        run = dict(run, source='run')
+        twice = [r for r in kept if key(r) != key(run) and run['seed'] is not None
+                 and (group(r), r['seed']) == (group(run), run['seed'])]
+        if twice:
+            raise InputError(f"--save_runs: {path} holds {key(twice[0])}, a run of {group(run)} with seed {run['seed']}, "
+                             f"and this saves it again as {key(run)}: save it under the same name, or remove that "
+                             f"run first")
+        same = [i for i, r in enumerate(kept) if key(r) == key(run)]
+        if same:
+            kept[same[0]] = run
+            continue
+        ours = [i for i, r in enumerate(kept) if group(r) == group(run)]
+        later = [i for i in ours if (kept[i]['seed'] or 0) > (run['seed'] or 0)]
+        kept.insert(later[0] if later else ours[-1] + 1 if ours else len(kept), run)
+    write_json(path, dict(saved, **{field: kept}))
+    print(f"{len(rows)} run(s) saved in {path}")
+
+
+# -----------------------------------------------------------------------------
+# eval_extrapolate.py: the perplexity tables over seeds, DAPE-X against X, how long the compared runs were trained,
+# and its files and figures
+
+def plot_loss_by_position(runs, path):
+    """Mean loss against position (log2 axis), one colour per label (seeds share it), training lengths
+    marked: where past the training length each model's loss starts to rise."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    labels = list(dict.fromkeys(r['label'] for r in runs if r.get('position_loss')))
+    colors = dict(zip(labels, curve_colors(len(labels))))
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    seen = set()
+    for r in runs:
+        pl = r.get('position_loss')
+        if not pl:
+            continue
+        xs = [(a + b - 1) / 2 + 1 for a, b, _ in pl['buckets']]  # bucket centre, 1-based for the log axis
+        ax.plot(xs, [v for _, _, v in pl['buckets']], color=colors[r['label']], marker='.', ms=3,
+                label=None if r['label'] in seen else r['label'])
+        seen.add(r['label'])
+    for b in sorted({r['model_args']['block_size'] for r in runs if r.get('position_loss')}):
+        ax.axvline(b, color='grey', linestyle=':', linewidth=1.2)
+    ax.set_xscale('log', base=2)
+    ax.set_xlabel('position in the window (tokens of context + 1; dotted: training length)')
+    ax.set_ylabel('mean loss (nats)')
+    ax.set_title('Loss by position, longest evaluation length', fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+
+def split_pairs(text):
+    """--pairs 'a:b,c:d' as ['a:b', 'c:d'], keeping commas inside brackets (kerple[lr=1,dropout=0])."""
+    items, depth, cur = [], 0, ''
+    for ch in text:
+        depth += (ch == '[') - (ch == ']')
+        if ch == ',' and depth == 0:
+            items.append(cur)
+            cur = ''
+        else:
+            cur += ch
+    return [p.strip() for p in items + [cur] if p.strip()]
+
+
+def parse_pairs(text, labels):
+    """--pairs as [(dape label, baseline label)], checked against the runs' labels before anything is
+    evaluated. A label may hold ':' itself, so every ':' is tried as the separator."""
+    known = sorted(set(labels))
+    out = []
+    for pair in split_pairs(text):
+        splits = [(pair[:i], pair[i + 1:]) for i, ch in enumerate(pair) if ch == ':' and 0 < i < len(pair) - 1]
+        if not splits:
+            raise InputError(f"--pairs: {pair!r} is not 'dape_label:baseline_label' (pairs are separated by ','); "
+                            f"the labels are {known}")
+        found = [(a, b) for a, b in splits if a in known and b in known]
+        if len(found) != 1:
+            missing = [x for x in splits[0] if x not in known]
+            raise InputError(f"--pairs: {pair!r}: " + (f"no run is labelled {missing}" if missing else
+                            "ambiguous") + f"; the labels are {known} (see --labels to name runs yourself)")
+        if found[0][0] == found[0][1]:
+            raise InputError(f"--pairs: {pair!r} compares {found[0][0]!r} with itself")
+        out += found
+    return out
+
+
+
+def compare(dape_group, base_group, eval_lengths):
+    """Per length: DAPE-X's mean perplexity minus X's with its 95% confidence interval, Welch's t-test and
+    the exact permutation test of the per-seed perplexities (compare_means; holm_table adds the
+    Holm-adjusted p once every comparison of the table is made)."""
+    out = {'label': dape_group['label'], 'baseline': base_group['label'], 'p_value': {}, 't': {}}
+    for L in eval_lengths:
+        a, b = dape_group['ppl'][L], base_group['ppl'][L]
+        if a['status'] != 'ok' or b['status'] != 'ok':
+            out['p_value'][L] = {'status': a['status'] if a['status'] != 'ok' else b['status']}
+            continue
+        c = compare_means(a['values'], b['values'])
+        if c['status'] != 'ok':
+            out['p_value'][L] = {'status': 'n/a: 1 seed' if min(a['n'], b['n']) < 2 else 'n/a: zero variance'}
+            continue
+        out['p_value'][L] = {'status': 'ok', 'p': c['p'], 't': c['t'], 'df': c['df'], 'mean_diff': c['diff'],
+                             'ci': c['ci'], 'p_exact': c['p_exact'], 'p_min': c['p_min'], 'exact': c['exact'],
+                             'n_a': c['n_a'], 'n_b': c['n_b']}
+    return out
+
+
+def holm_table(comparisons, eval_lengths):
+    """Holm's adjustment of the exact p over every test of the p-value table (each pair at each length): sets
+    'p_holm' in place. -> the number of tests."""
+    return holm_over([c['p_value'][L] for c in comparisons for L in eval_lengths])
+
+
+def fmt_value(v, digits):
+    if v >= 1e5:
+        return f"{v:.3g}"
+    return f"{v:.{digits}f}"
+
+
+def ppl_cell(stat, digits=3):
+    if stat['status'] != 'ok':
+        return stat['status']
+    return mean_std_text(stat['mean'], stat['std'], lambda v: fmt_value(v, digits))
+
+
+def ppl_table(groups, metric, eval_lengths, markdown=False):
+    header = ['model', 'n'] + [str(L) for L in eval_lengths]
+    rows = [[g['label'], str(g['n'])] + [ppl_cell(g[metric][L], 4 if metric == 'bpb' else 3) for L in eval_lengths]
+            for g in groups]
+    return format_table(header, rows, markdown)
+
+
+def ppl_run_table(runs, eval_lengths, markdown=False):
+    header = ['run', 'model', 'seed', 'iter'] + [str(L) for L in eval_lengths]
+    rows = [[r['name'], r['label'], str(r['seed']), str(r['iter_num'])] +
+            [fmt_value(r['results'][L]['ppl'], 3) if r['results'][L]['status'] == 'ok' else r['results'][L]['status']
+             for L in eval_lengths] for r in runs]
+    return format_table(header, rows, markdown)
+
+
+def pvalue_table(comparisons, eval_lengths, markdown=False):
+    """Per pair and length: Welch's p, and in brackets the exact p and its Holm adjustment (holm_table); then
+    the caption (tests_caption) and the pairs trained unequally."""
+    header = ['DAPE-X vs X'] + [str(L) for L in eval_lengths]
+    rows = []
+    for c in comparisons:
+        row = [f"{c['label']} vs {c['baseline']}" + (' (!)' if c.get('unequal_training') else '')]
+        for L in eval_lengths:
+            s = c['p_value'][L]
+            row.append(s['status'] if s['status'] != 'ok' else
+                       f"{s['p']:.3g} (exact {p_text(s['p_exact'])}, Holm {p_text(s['p_holm'])})")
+        rows.append(row)
+    table = format_table(header, rows, markdown)
+    caption = tests_caption([c['p_value'][L] for c in comparisons for L in eval_lengths])
+    if caption:
+        table += '\n\n' + caption
+    if any(c.get('unequal_training') for c in comparisons):
+        table += '\n\n(!) the two models were not trained for as long as each other: ' + '; '.join(
+            f"{c['label']} vs {c['baseline']}: {c['unequal_training']}" for c in comparisons if c.get('unequal_training'))
+    return table
+
+
+def difference_table(comparisons, eval_lengths, markdown=False):
+    """DAPE-X's mean perplexity minus X's, per length, with its 95% confidence interval (Welch-
+    Satterthwaite): negative is DAPE lower."""
+    header = ['DAPE-X minus X'] + [str(L) for L in eval_lengths]
+    rows = [[f"{c['label']} - {c['baseline']}"]
+            + [difference_text(dict(c['p_value'][L], diff=c['p_value'][L].get('mean_diff')), '{:+.3f}')
+               for L in eval_lengths] for c in comparisons]
+    return format_table(header, rows, markdown)
+
+
+def protocol_text(protocol):
+    counts = sorted({d['num_windows'] for d in protocol.get('data', {}).values() if 'num_windows' in d})
+    n = f"{counts[0]} to {counts[-1]} (by validation split)" if len(counts) > 1 else protocol['num_windows']
+    return (f"Perplexity of the last {protocol['eval_tokens']} tokens of each window (whole window through "
+            f"the model), {n} windows per length at the same seeded end positions "
+            f"(seed {protocol['seed']}) for every length and checkpoint. Mean ± sample std over seeds where "
+            f"several runs share a setting.")
+
+
+def write_ppl_results(out, protocol, runs, groups, comparisons, eval_lengths, make_plot=True, notes=()):
+    os.makedirs(out, exist_ok=True)
+    has_bpb = any(g['bpb'][L]['status'] == 'ok' for g in groups for L in eval_lengths)
+    result = {'protocol': protocol, 'lengths': eval_lengths, 'runs': runs, 'groups': groups,
+              'comparisons': comparisons, 'notes': list(notes)}
+    text = json.dumps(jsonable(result), indent=1, allow_nan=False)  # a bad value raises before a file is touched
+    path = os.path.join(out, 'results.json')
+    with open(path + '.tmp', 'w') as f:  # a failed write leaves the previous results whole
+        f.write(text)
+    os.replace(path + '.tmp', path)
+
+    md = ['# Length extrapolation', '', protocol_text(protocol), '']
+    if notes:
+        md += ['## Notes', ''] + [f"- {n}" for n in notes] + ['']
+    md += ['## Perplexity', '',
+          ppl_table(groups, 'ppl', eval_lengths, markdown=True), '']
+    if has_bpb:
+        md += ['## Bits per byte', '', ppl_table(groups, 'bpb', eval_lengths, markdown=True), '']
+    if comparisons:
+        md += ["## DAPE-X vs X: Welch's t-test and the exact permutation test (two-sided p, per-seed perplexities)", '',
+               pvalue_table(comparisons, eval_lengths, markdown=True), '',
+               "## DAPE-X minus X: difference of mean perplexities [95% confidence interval]", '',
+               difference_table(comparisons, eval_lengths, markdown=True), '']
+    md += ['## Runs (perplexity)', '', ppl_run_table(runs, eval_lengths, markdown=True), '']
+    with open(os.path.join(out, 'results.md'), 'w') as f:
+        f.write('\n'.join(md))
+
+    with open(os.path.join(out, 'results.csv'), 'w', newline='') as f:
+        w = csv.writer(f)
+        w.writerow(['run', 'model', 'seed', 'metric'] + [str(L) for L in eval_lengths])
+        for r in runs:
+            for metric in ('ppl', 'bpb') if has_bpb else ('ppl',):
+                row = []
+                for L in eval_lengths:
+                    s = r['results'][L]
+                    row.append(s['status'] if s['status'] != 'ok' else
+                               ('' if s[metric] is None else f"{s[metric]:.6g}"))
+                w.writerow([r['path'], r['label'], r['seed'], metric] + row)
+
+    if make_plot:
+        plot_ppl(groups, eval_lengths, protocol, os.path.join(out, 'ppl_vs_length.png'))
+
+
+def curve_colors(n):
+    """n colours that tell n curves apart at a glance: tab20's ten dark shades (tab10's colours), then its
+    light ones (evenly spaced hues would give neighbours two near greens); beyond twenty, such hues."""
+    import matplotlib
+    if n <= 20:
+        tab20 = matplotlib.colormaps['tab20']
+        return [tab20(i) for i in [*range(0, 20, 2), *range(1, 20, 2)][:n]]
+    return [matplotlib.colormaps['hsv'](i / n) for i in range(n)]
+
+
+def ppl_ticks(lo, hi):
+    """Tick values for a log perplexity axis from lo to hi: a narrow range (as in a zoom) gets evenly
+    spaced round numbers, a wide one 1, 2, 5 x 10^k, so that every axis shows a few plain numbers."""
+    from matplotlib.ticker import LogLocator, MaxNLocator
+    if hi / lo < 3:
+        ticks = MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]).tick_values(lo, hi)
+    else:
+        ticks = LogLocator(subs=(1, 2, 5)).tick_values(lo, hi)
+        if sum(lo <= t <= hi for t in ticks) < 3:
+            ticks = LogLocator(subs=(1, 1.5, 2, 3, 4, 5, 6, 8)).tick_values(lo, hi)
+    return [t for t in ticks if lo <= t <= hi]
+
+
+def plot_ppl(groups, eval_lengths, protocol, path):
+    """Figure 2 for these runs: perplexity (log axis) against evaluation length (log2 axis, also as
+    multiples of the training length), one colour per model, mean with a band and error bars of one std
+    where there are several seeds. When some curves rise far above the others (RoPE past its training
+    length), a second panel zooms on those that stay within 2x of the best perplexity, where the
+    differences between similar encodings (X against DAPE-X) are. Returns the figure."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    curves = []  # (label, dape, xs, means, stds)
+    for g in groups:
+        pts = [(L, g['ppl'][L]) for L in eval_lengths if g['ppl'][L]['status'] == 'ok']
+        if pts:
+            curves.append((g['label'] + (f" (n={g['n']})" if g['n'] > 1 else ''), g['model_args'].get('dape', 'none'),
+                           [L for L, _ in pts], [s['mean'] for _, s in pts], [s['std'] or 0.0 for _, s in pts]))
+    best = min((min(m) for *_, m, _ in curves), default=1.0)
+    near = [c for c in curves if max(c[3]) <= 2 * best]
+    panels = [(curves, 'all models')] + ([(near, 'zoom on the models within 2x of the best (same colours)')]
+                                         if 0 < len(near) < len(curves) else [])
+    blocks = sorted({g['block_size'] for g in groups})
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8), squeeze=False)
+    # the colour tells the models apart; the line style and marker say which DAPE, if any (X dashed
+    # with circles, DAPE V1 solid with squares, V2 dash-dotted with triangles)
+    color = dict(zip([c[0] for c in curves], curve_colors(len(curves))))
+    styles = {'none': ('--', 'o'), 'v1': ('-', 's'), 'v2': ('-.', '^')}
+    for ax, (shown, title) in zip(axes[0], panels):
+        for label, dape, xs, ys, errs in shown:
+            style, marker = styles.get(dape, ('-', 'D'))
+            ax.plot(xs, ys, linestyle=style, marker=marker, ms=4, color=color[label], label=label)
+            if any(errs):
+                lo_, hi_ = [y - e for y, e in zip(ys, errs)], [y + e for y, e in zip(ys, errs)]
+                ax.fill_between(xs, lo_, hi_, color=color[label], alpha=0.15, linewidth=0)
+                ax.errorbar(xs, ys, yerr=errs, fmt='none', ecolor=color[label], capsize=3)
+        for i, b in enumerate(blocks):
+            ax.axvline(b, color='grey', linestyle=':', linewidth=1.2, label='training length' if i == 0 else None)
+        ax.set_xscale('log', base=2)
+        ax.xaxis.set_major_locator(FixedLocator(eval_lengths))
+        ax.xaxis.set_minor_locator(NullLocator())
+        # one training length: each length is also read as a multiple of it (1x, 2x, ... 16x)
+        ax.set_xticklabels([f"{L}\n{L / blocks[0]:g}x" if len(blocks) == 1 else str(L) for L in eval_lengths],
+                           rotation=0 if len(eval_lengths) < 8 else 45, fontsize=8)
+        ax.set_yscale('log')
+        # (a std as large as the mean would put the axis at or below 0, where a log axis has nothing)
+        values = [v for *_, ys, errs in shown for y, e in zip(ys, errs) for v in (max(y - e, y / 2), y + e)]
+        if values:
+            lo, hi = min(values), max(values)
+            pad = (hi / lo) ** 0.06 if hi > lo else 1.02
+            ax.set_ylim(lo / pad, hi * pad)
+            ax.yaxis.set_major_locator(FixedLocator(ppl_ticks(lo / pad, hi * pad)))
+            ax.yaxis.set_minor_locator(NullLocator())
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.set_xlabel('evaluation length (tokens' + (' and multiple of the training length)' if len(blocks) == 1
+                                                     else ')'))
+        ax.set_ylabel('perplexity (log scale)')
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, which='major', alpha=0.3)
+    axes[0][0].legend(fontsize=8)  # the zoom has the same colours; a legend there would hide its curves
+    fig.suptitle(f"Perplexity of the last {protocol['eval_tokens']} tokens vs evaluation length "
+                 f"({protocol['num_windows']} windows per length; lower is better)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return fig
+
+
+def tokens_seen(ckpt):
+    """Training tokens a checkpoint has seen (iterations x sequences per step x training length), or None
+    for a checkpoint saved without its config."""
+    conf = ckpt.get('config') or {}
+    per_step = [conf.get(k) for k in ('batch_size', 'gradient_accumulation_steps')]
+    if ckpt.get('iter_num') is None or None in per_step:
+        return None
+    return ckpt['iter_num'] * per_step[0] * per_step[1] * ckpt['model_args']['block_size']
+
+
+def per_label(runs, key):
+    """{label: the distinct values of run[key] among its runs}, leaving out None (not recorded)."""
+    out = {}
+    for r in runs:
+        out.setdefault(r['label'], set())
+        if r.get(key) is not None:
+            out[r['label']].add(r[key])
+    return out
+
+
+def unequal_training(runs):
+    """Why these runs (of one or more labels) were not trained for as long as each other, or None:
+    different iterations or tokens seen, or a checkpoint saved before its own max_iters."""
+    why = []
+    for key, what in (('iter_num', 'iterations'), ('tokens_seen', 'tokens seen')):
+        if len(set().union(*per_label(runs, key).values())) > 1:
+            why.append(f"different {what}")
+    if any(r.get('max_iters') is not None and r['iter_num'] is not None and r['iter_num'] < r['max_iters']
+           for r in runs):
+        why.append('stopped before max_iters')
+    return ', '.join(why) or None
+
+
+def training_notes(runs):
+    """Notes on runs that are compared but were not trained alike for as long: the seeds of one label
+    saved at different iterations, labels trained for different iterations or tokens, and checkpoints
+    saved before their own max_iters (an interrupted run, or the best-val-loss checkpoint)."""
+    notes = []
+    iters = per_label(runs, 'iter_num')
+    for lab in iters:
+        saved = [r['iter_num'] for r in runs if r['label'] == lab]
+        if len(set(saved)) > 1:  # seeds of one training, but not all at its end
+            notes.append(f"the runs of {lab} were saved at different iterations {saved}")
+    if len(iters) > 1:
+        for key, what in (('iter_num', 'iterations'), ('tokens_seen', 'tokens')):
+            values = per_label(runs, key)
+            if len(set().union(*values.values())) > 1:
+                listed = ', '.join(f"{lab} {'/'.join(f'{v:,}' for v in sorted(vs)) or '?'}"
+                                   for lab, vs in values.items())
+                notes.append(f"the compared models were trained for different numbers of {what}: {listed}")
+    for r in runs:
+        if r['max_iters'] is not None and r['iter_num'] is not None and r['iter_num'] < r['max_iters']:
+            notes.append(f"{r['name']} ({r['label']}) was saved at iteration {r['iter_num']:,} of its max_iters "
+                         f"{r['max_iters']:,}: an interrupted run, or not its last checkpoint")
+    return notes
+
+
+# -----------------------------------------------------------------------------
+
+
+# Each kind of task's rule for 'learned' (CHE's and retrieval's learned_frac in their configs, the passkey's
+# learned_exact) and the day it was set (git log -S): a table states the rule it applied with that day, so that a
+# rule moved after the runs were made shows
+LEARNED_RULES = {'CHE': (0.5, '2026-11-24'), 'retrieval': (0.9, '2026-11-25'), 'passkey': (0.5, '2026-11-24')}
+
+
+# -----------------------------------------------------------------------------
+# che_tasks.py: the CHE and retrieval tables over seeds and per test length, its results files and their
+# test-retest
+
+TASKS = {**che_data.TASKS, **retrieval_data.TASKS}  # every task che_tasks.py runs
+POS_NAMES = {'nope': 'NoPE', 'learned': 'Learned', 'sinusoidal': 'Sinusoidal', 'rope': 'RoPE',
+             't5': 'T5', 'alibi': 'ALiBi', 'kerple': 'Kerple', 'kerple_power': 'Kerple-power',
+             'fire': 'FIRE', 'cope': 'CoPE', 'xl': 'XL', 'fox': 'FoX', 'path': 'PaTH', 'path_fox': 'PaTH-FoX'}
+
+# # the DAPE paper's Table 2 (accuracy %, test lengths 41-500, max over seeds and learning rates),
+# printed beside our own table for comparison. Columns: (pos, dape).
+PAPER_TABLE2_COLUMNS = [('alibi', 'none'), ('kerple', 'none'), ('fire', 'none'),
+                        ('alibi', 'v1'), ('kerple', 'v1'), ('fire', 'v1')]
+PAPER_TABLE2 = {
+    'even_pairs': [73.52, 57.50, 73.86, 99.99, 99.58, 100],
+    'modular_arithmetic_simple': [20.02, 21.79, 21.09, 23.58, 24.47, 24.46],
+    'parity_check': [50.09, 50.07, 50.97, 50.30, 50.07, 50.04],
+    'cycle_navigation': [24.64, 29.47, 28.41, 22.99, 34.53, 27.54],
+    'stack_manipulation': [66.42, 66.93, 69.33, 68.18, 72.04, 70.90],
+    'reverse_string': [71.09, 71.54, 65.89, 73.37, 70.74, 76.40],
+    'modular_arithmetic': [30.56, 24.79, 30.92, 31.34, 32.37, 31.50],
+    'solve_equation': [19.92, 21.15, 22.06, 20.03, 22.49, 22.42],
+    'duplicate_string': [65.13, 66.72, 69.03, 70.84, 72.95, 72.71],
+    'missing_duplicate': [74.21, 79.06, 79.27, 83.41, 87.57, 89.17],
+    'odds_first': [59.88, 62.59, 63.28, 63.78, 67.08, 66.34],
+    'binary_addition': [54.72, 56.35, 55.70, 59.71, 60.88, 56.62],
+    'compute_sqrt': [50.63, 51.11, 50.80, 51.64, 51.33, 52.46],
+    'bucket_sort': [98.45, 99.38, 99.57, 99.38, 98.81, 99.37],
+}
+
+
+def encoding_label(pos, dape):
+    """'ALiBi', 'DAPE-ALiBi', 'DAPEv2-Kerple', 'DAPE-Kerple (zero init)' (dape 'v1:zero'); the attention's options
+    as pos spells them ('NoPE+sb': stick-breaking, common.pos_options)."""
+    base, _, options = pos.partition('+')
+    name = POS_NAMES.get(base, base) + ('+' + options if options else '')
+    version, _, init = dape.partition(':')
+    if version == 'none':
+        return name
+    return f"{'DAPE' if version == 'v1' else 'DAPEv2'}-{name}" + (f" ({init} init)" if init else '')
+
+
+def summarize(runs):
+    """The paper's statistic over a cell's runs, the max (of the extrapolation score, and separately of
+    the ID accuracy), with the mean beside it. None where any run could not be served."""
+    def stats(key):
+        values = [r.get(key) for r in runs]
+        if not values or any(v is None for v in values):
+            return None, None
+        return float(max(values)), float(np.mean(values))
+    out = {}
+    out['score'], out['score_mean'] = stats('score')
+    out['id_score'], out['id_score_mean'] = stats('id_score')
+    out['final_train_acc'], out['final_train_acc_mean'] = stats('final_train_acc')
+    variants = runs[0].get('variants', {}) if runs else {}
+    out['variants'] = {}
+    for v in variants:  # a task's other test distributions, as its OOD score
+        scores = [r['variants'][v]['score'] for r in runs]
+        out['variants'][v] = ({'score': None, 'score_mean': None} if any(x is None for x in scores) else
+                              {'score': float(max(scores)), 'score_mean': float(np.mean(scores))})
+    if out['score'] is not None:  # the run the max picks, and what it learned in distribution
+        best = max(runs, key=lambda r: r['score'])
+        out['best_run'] = {'seed': best['seed'], 'learning_rate': best['learning_rate'],
+                           'id_score': best['id_score']}
+    return out
+
+
+def _fmt(score):
+    return 'n/s' if score is None else f"{score:.2f}"
+
+
+def plot_per_length(cells, task, path, train_max_len, n_runs, how):
+    """Accuracy against length over the whole axis, the training range shaded: one line per encoding
+    (the mean over its runs, their min..max as a band), the random-guess level dashed; a panel per test
+    distribution where the task has several (flip-flop's sparse and dense). n_runs: how many runs each cell has;
+    how: what each length's accuracy rests on."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    panels = [None] + list(task.variants)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels) + 2.5, 4), sharey=True, squeeze=False)
+    for ax, v in zip(axes[0], panels):
+        ax.axvspan(0.5, train_max_len + 0.5, color='0.92', label='training lengths (ID)')
+        for i, (label, cell) in enumerate(cells.items()):
+            runs = [r for r in cell.get('runs', []) if r.get('per_length') or r.get('id_per_length')]
+            if not runs:
+                continue
+            if v is None:  # the training distribution: ID and OOD lengths
+                curves = [{**r.get('id_per_length', {}), **r.get('per_length', {})} for r in runs]
+                text = f"{label}: ID {_fmt(cell.get('id_score'))} / OOD {_fmt(cell.get('score'))}"
+            else:
+                curves = [r['variants'][v]['per_length'] for r in runs]
+                text = f"{label}: OOD {_fmt(cell['variants'][v]['score'])}"
+            Ns = sorted(set.intersection(*(set(map(int, c)) for c in curves)))
+            acc = np.array([[c[str(n)] for n in Ns] for c in curves])
+            ax.plot(Ns, acc.mean(axis=0), lw=1.2, color=f"C{i}", label=text)
+            if len(runs) > 1:
+                ax.fill_between(Ns, acc.min(axis=0), acc.max(axis=0), color=f"C{i}", alpha=0.2, lw=0)
+        ax.axhline(100 * task.random_baseline, color='gray', ls='--', lw=1, label='random')
+        ax.set_xlabel(f"length N (trained on {task.min_len}..{train_max_len})")
+        ax.set_ylim(0, 101)
+        ax.set_title(task.name if v is None else f"{task.name}, {v} (OOD lengths)", fontsize=10)
+        ax.legend(fontsize=7, loc='lower left')
+    axes[0][0].set_ylabel('accuracy (%)')
+    fig.suptitle(f"{'CHE ' if not task.causal else ''}{task.name}: "
+                 + (f"mean of {n_runs} runs (band: min..max), legend: max;" if n_runs > 1 else "") + "\n" + how,
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def max_mean_text(cell, key, several, variant=None):
+    """A cell of the Table 2-shaped grid: the max over its runs (the paper's statistic), the mean in brackets
+    where several; 'n/s' where a run was not servable, 'err' where the cell failed."""
+    if cell is None or 'runs' not in cell:
+        return 'err'
+    stats = cell['variants'][variant] if variant else cell
+    if stats[key] is None:
+        return 'n/s'
+    return f"{stats[key]:.2f} ({stats[key + '_mean']:.2f})" if several else f"{stats[key]:.2f}"
+
+
+def paper_table(tasks):
+    labels = [encoding_label(p, d) for p, d in PAPER_TABLE2_COLUMNS]
+    lines = ['| Task | ' + ' | '.join(labels) + ' |', '| --- |' + ' --- |' * len(labels)]
+    for t in tasks:
+        if t in PAPER_TABLE2:
+            lines.append(f'| {t} | ' + ' | '.join(f'{v:.2f}' for v in PAPER_TABLE2[t]) + ' |')
+    return '\n'.join(lines)
+
+
+def summary_table(cells, tasks, columns):
+    """A row per (task, encoding): ID and OOD accuracy (max and mean over runs), the final training
+    accuracy, and the paper's figure where Table 2 has one."""
+    lines = ['| Task | Encoding | Random | ID max | ID mean | OOD max | OOD mean | final train acc (mean) | '
+             'runs | Paper (OOD) |', '| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |']
+    variants = {v for t in tasks for v in TASKS[t].variants}
+    if variants:  # columns for the other test distributions of some tasks
+        names = sorted(variants)
+        lines = [lines[0][:-len(' Paper (OOD) |')] + ''.join(f' OOD {v} max | OOD {v} mean |' for v in names)
+                 + ' Paper (OOD) |', lines[1] + ' --- | --- |' * len(names)]
+    for t in tasks:
+        for p, d in columns:
+            c = cells.get((t, p, d))
+            if c is None or 'runs' not in c:
+                continue
+            paper = PAPER_TABLE2.get(t)
+            k = PAPER_TABLE2_COLUMNS.index((p, d)) if (p, d) in PAPER_TABLE2_COLUMNS else None
+            lines.append(f"| {t} | {c['encoding']} | {c['random_baseline']:.0f} | {_fmt(c['id_score'])} | "
+                         f"{_fmt(c['id_score_mean'])} | {_fmt(c['score'])} | {_fmt(c['score_mean'])} | "
+                         f"{_fmt(c['final_train_acc_mean'])} | {c['n_runs']} | "
+                         + ''.join(f"{_fmt(c['variants'][v]['score'])} | {_fmt(c['variants'][v]['score_mean'])} | "
+                                   if v in c.get('variants', {}) else '- | - | ' for v in sorted(variants))
+                         + f"{f'{paper[k]:.2f}' if paper and k is not None else '-'} |")
+    return '\n'.join(lines)
+
+
+
+
+def task_family(task):
+    """'retrieval' for retrieval_data.py's tasks, 'CHE' for che_data.py's: whose rule for 'learned' applies."""
+    return 'retrieval' if task in retrieval_data.TASKS else 'CHE'
+
+
+def learned_rule_text(tasks, cfg):
+    """The rule for 'learned' a table applied, with the day each family's standing rule was set."""
+    out = []
+    for family in sorted({task_family(t) for t in tasks}):
+        rule, since = LEARNED_RULES[family]
+        out.append(f"{family}'s rule since {since}" if cfg['learned_frac'] == rule else
+                   f"this run's rule; {family}'s, set on {since}, is {rule:g}")
+    return '; '.join(out)
+
+
+def learned_threshold(task, cfg):
+    """The ID accuracy (%) from which a run counts as having learned its task: learned_frac of the way
+    from the random-guess level to 100% (by default halfway: 75% where chance is 50%, 60% where it is 20%)."""
+    chance = 100 * task.random_baseline
+    return chance + cfg['learned_frac'] * (100 - chance)
+
+
+
+def parse_learning_rates(cfg):
+    """che_tasks.py's learning rates: learning_rates, comma-separated, else learning_rate."""
+    return [float(s) for s in cfg['learning_rates'].split(',') if s.strip()] or [cfg['learning_rate']]
+
+
+def dape_parts(key):
+    """A row key (task, pos, dape, lr) as comparison_pairs reads it: 'v1:zero' is V1 with f zero at step 0."""
+    t, p, d, lr = key
+    version, _, init = d.partition(':')
+    return (t, p, lr), version, (init or None,)
+
+
+MEAN_CI_TEXT = ("the mean with the 95% t interval of the mean (n - 1 degrees of freedom), cut to 0-100; the mean "
+                "alone for one seed")
+
+
+def _mean_ci_text(values):
+    """Accuracies (%) over seeds as the tables write them: the mean with its 95% t interval cut to 0-100
+    (common.mean_ci_text); 'n/s' where a run was not servable."""
+    if any(v is None for v in values):
+        return 'n/s'
+    return mean_ci_text(values, bounds=(0.0, 100.0))
+
+
+def _compare(a, b):
+    """compare_means of accuracies (%) a against b, or {'status': 'n/s'} where a run was not servable."""
+    if any(v is None for v in a + b):
+        return {'status': 'n/s'}
+    return compare_means(a, b, bounds=(0.0, 100.0))
+
+
+def _difference_cells(c):
+    """A comparison as four table cells: the difference [95% interval], Welch's p, the exact p and its Holm
+    adjustment (holm_over)."""
+    if c['status'] == 'n/s':
+        return ['n/s'] * 4
+    if c['status'] != 'ok':
+        return [c['status'], '-', '-', '-']
+    return [difference_text(c), p_text(c['p']), p_text(c['p_exact']), p_text(c['p_holm'])]
+
+
+def is_learned(run, threshold):
+    return run['id_score'] is not None and run['id_score'] >= threshold
+
+
+def seed_rows(cells, tasks, columns, cfg):
+    """[(task, pos, dape, lr, runs in seed order, learned threshold)]: the rows of the tables over seeds."""
+    out = []
+    for t in tasks:
+        for lr in parse_learning_rates(cfg):
+            for p, d in columns:
+                c = cells.get((t, p, d))
+                if c is None or 'runs' not in c:
+                    continue
+                runs = sorted((r for r in c['runs'] if r['learning_rate'] == lr), key=lambda r: r['seed'])
+                if runs:
+                    out.append((t, p, d, lr, runs, learned_threshold(TASKS[t], cfg)))
+    return out
+
+
+
+
+def _compare_shares(a, b, threshold):
+    """The share of seeds that learned, runs a against runs b: compare_means of each seed's 1 (learned) or 0, whose
+    exact p is then a conditional test like Fisher's; {'status': 'n/s'} where a run has no ID score."""
+    if any(r['id_score'] is None for r in a + b):
+        return {'status': 'n/s'}
+    return compare_means([float(is_learned(r, threshold)) for r in a], [float(is_learned(r, threshold)) for r in b],
+                         bounds=(0.0, 1.0))
+
+
+def seed_comparisons(rows):
+    """The comparisons of the tables over seeds, rows from seed_rows: for each pair of comparison_pairs,
+    [OOD over the seeds that learned, OOD over every seed, ID over every seed, the share of seeds that learned]
+    (compare_means), with Holm's adjustment over all of them (one table). -> [(key, base key, [four comparisons])]."""
+    by_key = {(t, p, d, lr): (runs, threshold) for t, p, d, lr, runs, threshold in rows}
+    out = []
+    for key, base_key in comparison_pairs(by_key, dape_parts):
+        (runs, threshold), (base, _) = by_key[key], by_key[base_key]
+        ood = lambda rs, only_learned: [r['score'] for r in rs if is_learned(r, threshold) or not only_learned]
+        out.append((key, base_key, [_compare(ood(runs, True), ood(base, True)), _compare(ood(runs, False), ood(base, False)),
+                                    _compare([r['id_score'] for r in runs], [r['id_score'] for r in base]),
+                                    _compare_shares(runs, base, threshold)]))
+    holm_over([c for *_, cs in out for c in cs])
+    return out
+
+
+def share_cell(runs, base, threshold, c, sep=', '):
+    """The learned cell of a comparison row: '2 of 3 vs 3 of 3, exact 1, Holm 1' (the shares' test, c; the
+    test-retest's sep ': ')."""
+    k = lambda rs: sum(is_learned(r, threshold) for r in rs)
+    text = f"{k(runs)} of {len(runs)} vs {k(base)} of {len(base)}"
+    return text + (f"{sep}exact {p_text(c['p_exact'])}, Holm {p_text(c['p_holm'])}" if c['status'] == 'ok' else '')
+
+
+def seeds_table(cells, tasks, columns, cfg):
+    """The tables over seeds. First a row per (task, encoding, learning rate): how many seeds learned
+    the task (ID at least learned_threshold) with the exact binomial interval of that share, ID accuracy
+    over every seed and the extrapolation (OOD) scores over the seeds that learned it, as the mean with
+    its 95% t interval (_mean_ci_text), with the per-seed figures (those of seeds that did not learn it in
+    brackets: they say nothing about extrapolation). Then a row per comparison of seed_comparisons: how many
+    seeds learned on each side with the exact p of the two shares, and for OOD and ID the difference of the
+    means with its 95% t interval cut to the possible range, Welch's two-sided p, the exact p; each exact p
+    with its Holm adjustment over every comparison of the table. -> the Markdown tables with their caption."""
+    several_rates = len(parse_learning_rates(cfg)) > 1
+    rows = seed_rows(cells, tasks, columns, cfg)
+    variants = sorted({v for t in tasks for v in TASKS[t].variants})
+    lr_head = ' lr |' if several_rates else ''
+    lines = ['| Task | Encoding |' + lr_head + ' Random | learned [95% interval] | ID | ID per seed | OOD (learned seeds) | '
+             'OOD per seed |' + ''.join(f' OOD {v} (learned seeds) |' for v in variants)]
+    lines.append('|' + ' --- |' * (lines[0].count('|') - 1))
+    fig = lambda v: 'n/s' if v is None else f"{v:.1f}"
+    by_key = {}
+    for t, p, d, lr, runs, threshold in rows:
+        by_key[(t, p, d, lr)] = (runs, threshold)
+        learned = [r for r in runs if is_learned(r, threshold)]
+        per_seed = ', '.join(fig(r['score']) if is_learned(r, threshold) else f"({fig(r['score'])})" for r in runs)
+        lines.append(f"| {t} | {encoding_label(p, d)} |" + (f" {lr:g} |" if several_rates else '')
+                     + f" {100 * TASKS[t].random_baseline:.0f} | {k_of_n_text(len(learned), len(runs))} | "
+                     f"{_mean_ci_text([r['id_score'] for r in runs])} | {', '.join(fig(r['id_score']) for r in runs)} | "
+                     f"{_mean_ci_text([r['score'] for r in learned])} | {per_seed} |"
+                     + ''.join(f" {_mean_ci_text([r['variants'][v]['score'] for r in learned])} |"
+                               if v in TASKS[t].variants else ' - |' for v in variants))
+    compared = seed_comparisons(rows)
+    if compared:
+        lines += ['', '| Task | DAPE-X vs X |' + lr_head + ' learned |'
+                  + ''.join(f' {what} difference, {seeds} seeds [95% interval] | Welch p | exact p | Holm p |'
+                            for what, seeds in (('OOD', 'learned'), ('OOD', 'all'), ('ID', 'all')))]
+        lines.append('|' + ' --- |' * (lines[-1].count('|') - 1))
+    for key, base_key, cs in compared:
+        (runs, threshold), (base, _) = by_key[key], by_key[base_key]
+        t, p, d, lr = key
+        lines.append(f"| {t} | {encoding_label(p, d)} vs {encoding_label(p, base_key[2])} |"
+                     + (f" {lr:g} |" if several_rates else '')
+                     + f" {share_cell(runs, base, threshold, cs[3])} | "
+                     + ' | '.join(cell for c in cs[:3] for cell in _difference_cells(c)) + ' |')
+    seeds = sorted({r['seed'] for *_, runs, _ in rows for r in runs})
+    thresholds = [f"{learned_threshold(TASKS[t], cfg):.4g}% for {t}" for t in tasks]
+    lines += ['', f"Accuracy (%) over seeds {','.join(map(str, seeds))}: {MEAN_CI_TEXT}; per seed in "
+                  f"seed order. learned: ID accuracy at least {cfg['learned_frac']:g} of the way from chance to 100% "
+                  f"({', '.join(thresholds)}; {learned_rule_text(tasks, cfg)}), with the exact (Clopper-Pearson) "
+                  f"95% interval of the share of seeds. ID over every seed; OOD over the "
+                  f"seeds that learned the task (in brackets, those that did not). Differences: DAPE-X's mean minus "
+                  f"X's with its {interval_text(bounded=True)}; n/a: fewer than two seeds a side. n/s: not servable "
+                  f"at the test lengths."
+                  + (" In the learned column of a comparison, the exact p of the difference between the shares of seeds "
+                     "that learned (the same permutation test on each seed's 1, learned, or 0: a conditional test like "
+                     "Fisher's, two-sided by doubling the smaller tail) and its Holm adjustment." if compared else '')]
+    caption = tests_caption([c for *_, cs in compared for c in cs])
+    if caption:
+        lines[-1] += ' ' + caption
+    return '\n'.join(lines)
+
+
+def per_length(run):
+    """A run's OOD accuracy (%) per test length, {N: accuracy}; {} where its record has none (results
+    files written before save_runs kept them)."""
+    return {int(N): a for N, a in (run.get('per_length') or {}).items()}
+
+
+def length_comparisons(rows):
+    """DAPE-X against X (comparison_pairs) at every test length, over every seed that has the length (no
+    threshold: a seed that did not learn is scored like any other), with Holm's adjustment over all of them
+    (one table). -> ([(key, base key, {N: compare_means})], the lengths)."""
+    curves = {(t, p, d, lr): [per_length(r) for r in runs] for t, p, d, lr, runs, _ in rows}
+    lengths = sorted({N for cs in curves.values() for c in cs for N in c})
+    out = []
+    for key, base_key in comparison_pairs(curves, dape_parts):
+        at = lambda cs, N: [c[N] for c in cs if N in c]
+        out.append((key, base_key, {N: _compare(at(curves[key], N), at(curves[base_key], N)) for N in lengths}))
+    holm_over([c for *_, cs in out for c in cs.values()])
+    return out, lengths
+
+
+def length_tables(cells, tasks, columns, cfg):
+    """The extrapolation at every test length, for runs whose records keep their per-length accuracies:
+    per task, a row per length with each encoding's accuracy (the mean over every seed with its 95% t
+    interval), then a row per DAPE-X minus X and length (length_comparisons): the difference of the means
+    [95% interval], Welch's p, the exact p and that p adjusted by Holm's method over the table. '' where no
+    run has per-length figures."""
+    rows = [r for r in seed_rows(cells, tasks, columns, cfg) if any(per_length(x) for x in r[4])]
+    if not rows:
+        return ''
+    several_rates = len(parse_learning_rates(cfg)) > 1
+    label = lambda t, p, d, lr: encoding_label(p, d) + (f" (lr {lr:g})" if several_rates else '')
+    out = []
+    for t in tasks:
+        task_rows = [r for r in rows if r[0] == t]
+        if not task_rows:
+            continue
+        compared, lengths = length_comparisons(task_rows)
+        seeds = sorted({x['seed'] for r in task_rows for x in r[4] if per_length(x)})  # those the figures are over
+        lines = [f"| {t}: N | " + ' | '.join(label(*r[:4]) for r in task_rows) + ' |',
+                 '|' + ' --- |' * (len(task_rows) + 1)]
+        curves = [[per_length(x) for x in r[4]] for r in task_rows]
+        for N in lengths:
+            lines.append(f"| {N} | " + ' | '.join(_mean_ci_text([c[N] for c in cs if N in c]) for cs in curves) + ' |')
+        lines += ['', f"OOD accuracy (%) per test length N over every seed ({','.join(map(str, seeds))}), "
+                      f"whether or not it learned the task: {MEAN_CI_TEXT}; random "
+                      f"{100 * TASKS[t].random_baseline:.0f}%."]
+        if compared:
+            lines += ['', f"| {t}: DAPE-X minus X | N | difference [95% interval] | Welch p | exact p | Holm p |",
+                      '|' + ' --- |' * 6]
+            for k, b, cs in compared:
+                lines += [f"| {label(*k)} minus {label(*b)} | {N} | " + ' | '.join(_difference_cells(cs[N])) + ' |'
+                          for N in lengths]
+            lines += ['', f"Differences of the means at each length, over every seed, with the "
+                          f"{interval_text(bounded=True)}. "
+                          + tests_caption([c for *_, cs in compared for c in cs.values()])]
+        out.append('\n'.join(lines))
+    return '\n\n'.join(out)
+
+
+RUN_KEYS = ('task', 'pos', 'dape', 'learning_rate', 'seed')
+MERGE_FIX = "the runs are merged into it: repair it or name a new file"  # a save_runs file read_results refuses
+
+
+def run_key(r):
+    """What names one run in a results file: its task, encoding, learning rate and seed."""
+    return tuple(r[k] for k in RUN_KEYS)
+
+
+def compact_runs(cells):
+    """Each run's figures that the tables over seeds and per length are made of, one small dict a run (what a
+    results file in the repository holds; the runs' own JSON in out_dir/runs/ has everything else), with where
+    it was trained (commit, command, machine, date) where its record says."""
+    keep = ('task', 'pos', 'dape', 'seed', 'learning_rate', 'id_score', 'score', 'device', 'id_per_length', 'per_length')
+    out = []
+    for c in cells.values():
+        for r in c.get('runs', []):
+            run = {k: r[k] for k in keep if k in r}
+            run['variants'] = {v: x['score'] for v, x in r.get('variants', {}).items()}
+            if 'train' in r:
+                run['train_time_s'] = round(r['train']['time_s'], 1)
+            run.update(r.get('trained', {}))
+            out.append(run)
+    return sorted(out, key=run_key)
+
+
+
+
+def cells_from_runs(runs):
+    """compact_runs' list back into cells, as seeds_table reads them."""
+    cells = {}
+    for r in runs:
+        cell = cells.setdefault((r['task'], r['pos'], r['dape']), {'task': r['task'], 'pos': r['pos'],
+                                                                    'dape': r['dape'], 'runs': []})
+        cell['runs'].append(dict(r, variants={v: {'score': x} for v, x in r.get('variants', {}).items()}))
+    return cells
+
+
+
+
+def load_cells(path, option):
+    """The cells (cells_from_runs) of the runs in a results file that save_runs wrote (read_results, as
+    --`option`), and the file."""
+    saved = read_results(path, option, "name a file that --save_runs wrote", keys=RUN_KEYS)
+    return cells_from_runs(saved['runs']), saved
+
+
+
+
+
+
+def check_selection(path, runs, tasks, columns, cfg):
+    """A ValueError unless the results file `path` (its runs) holds a run of the tables' tasks, encodings and
+    learning rates (else a table of its header only): what it holds, and which options select it."""
+    if seed_rows(cells_from_runs(runs), tasks, columns, cfg):
+        return
+    held = (f"it holds tasks {', '.join(sorted({r['task'] for r in runs}))}; encodings (pos/dape) "
+            f"{', '.join(sorted({r['pos'] + '/' + r['dape'] for r in runs}))}; learning rates "
+            f"{', '.join(f'{lr:g}' for lr in sorted({r['learning_rate'] for r in runs}))}" if runs else
+            "it holds no runs")
+    raise ValueError(f"tables_from={path} holds no run of task {', '.join(tasks)}, encoding "
+                     f"{', '.join(f'{p}/{d}' for p, d in columns)} at learning rate "
+                     f"{', '.join(f'{lr:g}' for lr in parse_learning_rates(cfg))}: {held}; select those with --task, --pos, "
+                     f"--dape and --learning_rate(s) (with --grid=True: --grid_tasks, --grid_pos, --grid_dape)")
+
+
+def retest_tables(cells_a, cells_b, tasks, columns, cfg):
+    """A test-retest of the same runs (task, encoding, rate and seed) trained twice, once under each of two
+    roundings (ATen's vector kernels and ATEN_CPU_CAPABILITY=default): only runs present in both files
+    count. Three tables: per encoding, how many seeds learned under each and how many changed sides, and
+    how ID, OOD and the per-length accuracies move (Pearson's r between the two, the mean absolute move);
+    per run, learned or not, ID, OOD and the longest length's accuracy under both; and every comparison
+    the tables over seeds and per length make (DAPE-X against X, the shares of seeds that learned included), under
+    each rounding, with whether its conclusion (which side is ahead, and whether Holm's exact p is below ALPHA)
+    holds under both."""
+    key = lambda r: (r['seed'], r['learning_rate'])
+    common_cells = {}
+    for k in cells_a.keys() & cells_b.keys():
+        seeds = {key(r) for r in cells_a[k]['runs']} & {key(r) for r in cells_b[k]['runs']}
+        if seeds:
+            common_cells[k] = tuple(dict(c, runs=[r for r in c['runs'] if key(r) in seeds]) for c in (cells_a[k], cells_b[k]))
+    one = lambda i: {k: v[i] for k, v in common_cells.items()}
+    rows_a, rows_b = seed_rows(one(0), tasks, columns, cfg), seed_rows(one(1), tasks, columns, cfg)
+    if not rows_a:
+        return 'no run of these tasks and encodings is in both files'
+    machines = [(x.get('machine'), y.get('machine')) for (*_, ra, _), (*_, rb, _) in zip(rows_a, rows_b)
+                for x, y in zip(ra, rb)]
+    a_name, b_name, how = retest_sides(machines)
+    fig = lambda v: 'n/s' if v is None else f"{v:.1f}"
+    r_text = lambda r: 'n/a' if r is None else f"{r:+.2f}"
+    move = lambda xs, ys: (f"{np.mean([abs(x - y) for x, y in zip(xs, ys)]):.1f}"
+                           if xs and None not in xs + ys else 'n/a')
+    summary = [f"| Task | Encoding | seeds | learned, {a_name} | learned, {b_name} | changed sides | ID r | ID mean move | "
+               f"OOD r | OOD mean move | per-length r | per-length mean move |", '|' + ' --- |' * 12]
+    per_run = [f"| Task | Encoding | seed | learned, {a_name} / {b_name} | ID, {a_name} / {b_name} | "
+               f"OOD, {a_name} / {b_name} | OOD at the longest N, {a_name} / {b_name} | per-length r |", '|' + ' --- |' * 8]
+    pooled = {'id': ([], []), 'ood': ([], []), 'len': ([], []), 'flips': 0, 'n': 0}
+    for (t, p, d, lr, ra, threshold), (*_, rb, _) in zip(rows_a, rows_b):
+        la, lb = [is_learned(r, threshold) for r in ra], [is_learned(r, threshold) for r in rb]
+        ids = [r['id_score'] for r in ra], [r['id_score'] for r in rb]
+        oods = [r['score'] for r in ra], [r['score'] for r in rb]
+        curves = [(per_length(x), per_length(y)) for x, y in zip(ra, rb)]  # each run's, under each rounding
+        pairs = [(px[N], py[N]) for px, py in curves for N in sorted(px.keys() & py.keys())]
+        lens = [a for a, _ in pairs], [b for _, b in pairs]
+        flips = sum(x != y for x, y in zip(la, lb))
+        for name, (xs, ys) in (('id', ids), ('ood', oods), ('len', lens)):
+            if None not in xs + ys:
+                pooled[name][0].extend(xs), pooled[name][1].extend(ys)
+        pooled['flips'] += flips
+        pooled['n'] += len(ra)
+        summary.append(f"| {t} | {encoding_label(p, d)} | {len(ra)} | {k_of_n_text(sum(la), len(la))} | "
+                       f"{k_of_n_text(sum(lb), len(lb))} | {flips} | {r_text(pearson(*ids) if None not in ids[0] + ids[1] else None)} | "
+                       f"{move(*ids)} | {r_text(pearson(*oods) if None not in oods[0] + oods[1] else None)} | {move(*oods)} | "
+                       f"{r_text(pearson(*lens))} | {move(*lens)} |")
+        for x, y, lx, ly, (px, py) in zip(ra, rb, la, lb, curves):
+            both = sorted(px.keys() & py.keys())
+            longest = (f"{fig(px[both[-1]])} / {fig(py[both[-1]])} (N={both[-1]})" if both else 'n/a')
+            per_run.append(f"| {t} | {encoding_label(p, d)} | {x['seed']} | {'yes' if lx else 'no'} / {'yes' if ly else 'no'} | "
+                           f"{fig(x['id_score'])} / {fig(y['id_score'])} | {fig(x['score'])} / {fig(y['score'])} | "
+                           f"{longest} | {r_text(pearson([px[N] for N in both], [py[N] for N in both]))} |")
+    summary.append(f"| all | all | {pooled['n']} | | | {pooled['flips']} | {r_text(pearson(*pooled['id']))} | "
+                   f"{move(*pooled['id'])} | {r_text(pearson(*pooled['ood']))} | {move(*pooled['ood'])} | "
+                   f"{r_text(pearson(*pooled['len']))} | {move(*pooled['len'])} |")
+    # the comparisons, each computed under each rounding as its own table computes it (Holm over that table)
+    sa, sb = seed_comparisons(rows_a), seed_comparisons(rows_b)
+    checks = [f"| Task | Comparison | measure | {a_name}: difference, Holm p | {b_name}: difference, Holm p | holds under both |",
+              '|' + ' --- |' * 6]
+    held = total = 0
+    cell = lambda c: f"{difference_text(c)}, {p_text(c.get('p_holm'))}" if c['status'] == 'ok' else c['status']
+    by_key_a, by_key_b = ({(t, p, d, lr): (runs, threshold) for t, p, d, lr, runs, threshold in rows}
+                          for rows in (rows_a, rows_b))
+    shares = lambda by_key, k, base, c: share_cell(by_key[k][0], by_key[base][0], by_key[k][1], c, sep=': ')
+    by_pair_b = {(k, base): cb for k, base, cb in sb}  # both files hold the same runs, so the same pairs
+    for k, base, ca in sa:
+        cb = by_pair_b[(k, base)]
+        name = f"{encoding_label(k[1], k[2])} vs {encoding_label(k[1], base[2])}"
+        for i, (what, x, y) in enumerate(zip(('OOD, learned seeds', 'OOD, every seed', 'ID, every seed',
+                                              'share of seeds that learned'), ca, cb)):
+            ok = holds(x, y)
+            held, total = held + bool(ok), total + (ok is not None)
+            texts = ([cell(x), cell(y)] if i < 3 else [shares(by_key_a, k, base, x), shares(by_key_b, k, base, y)])
+            checks.append(f"| {k[0]} | {name} | {what} | {texts[0]} ({verdict(x)}) | {texts[1]} ({verdict(y)}) | "
+                          f"{'n/a' if ok is None else 'yes' if ok else 'no'} |")
+    for t in tasks:
+        la_rows, lb_rows = [r for r in rows_a if r[0] == t], [r for r in rows_b if r[0] == t]
+        (ca_all, lengths_a), (cb_all, lengths_b) = length_comparisons(la_rows), length_comparisons(lb_rows)
+        lengths = sorted(set(lengths_a) | set(lengths_b))  # a length one file lacks counts as no test there
+        by_pair_b = {(k, base): cb for k, base, cb in cb_all}
+        for k, base, ca in ca_all:
+            cb = by_pair_b.get((k, base), {})
+            name = f"{encoding_label(k[1], k[2])} vs {encoding_label(k[1], base[2])}"
+            text, same, tested = holds_at(ca, cb, lengths, 'N')
+            held, total = held + same, total + tested
+            checks.append(f"| {t} | {name} | OOD at each of {len(lengths)} lengths | {verdict_counts(ca.values())} | "
+                          f"{verdict_counts(cb.values()) if cb else 'n/a: no per-length figures'} | {text} |")
+    seeds = sorted({r['seed'] for *_, runs, _ in rows_a for r in runs})
+    caption = (f"The same runs (seeds {','.join(map(str, seeds))}) trained {how}. learned: as in the tables over "
+               f"seeds, with the exact 95% interval; changed sides: runs learned under one and not the other. "
+               f"r: Pearson's correlation between the two roundings over the seeds (per length: "
+               f"over every seed and test length); mean move: the mean absolute difference, in accuracy points. "
+               f"Comparisons: each as its table computes it under each rounding (Holm over that table), the share of "
+               f"seeds that learned among them; ahead or "
+               f"behind, * where Holm's exact p is below {ALPHA:g}; it holds where both say the same (n/a: no test "
+               f"under one of them, fewer than two seeds a side or not servable). {held} of {total} conclusions "
+               f"hold under both.")
+    return '\n'.join(summary) + '\n\n' + '\n'.join(per_run) + '\n\n' + '\n'.join(checks) + '\n\n' + caption
+
+
+# -----------------------------------------------------------------------------
+# eval_passkey.py: the tables over seeds of exact match and of the log-likelihood per answer token, and the
+# test-retest of its results files
+
+def passkey_summary_table(rows, lens, metric, markdown=False):
+    """All models: a row each, a column per length; the metric averaged over depths."""
+    header = ['model'] + [str(L) for L in lens]
+    out = []
+    for r in rows:
+        cells = []
+        for L in lens:
+            c = r['per_length'][L]
+            cells.append(c if isinstance(c, str) else
+                         f"{100 * c['accuracy']:.0f}%" if metric == 'accuracy' else f"{c['logp_mean']:.3f}")
+        out.append([r['label']] + cells)
+    return format_table(header, out, markdown)
+
+
+# the two measures of every table over seeds: exact match, and the log-likelihood per answer token, the continuous
+# one, so that no conclusion hangs on the threshold of exact match (or of 'learned'); what a run's figure can be
+# (a log-likelihood is at most 0), and so where a mean's interval is cut; only exact match's range is finite, so
+# only it bounds a difference
+MEASURES = {'accuracy': 'exact match', 'logp_mean': 'log-likelihood per answer token'}
+BOUNDS = {'accuracy': (0.0, 1.0), 'logp_mean': (-math.inf, 0.0)}
+DIFFERENCE_BOUNDS = {'accuracy': (0.0, 1.0), 'logp_mean': None}
+
+
+def group_text(metric, over):
+    """What group_table's cells are, for its caption; over: which seeds."""
+    agree = " (a single point where the seeds agree: nothing to estimate a spread from)"
+    if metric == 'accuracy':
+        return (f"Exact match, mean over depths: the mean over {over} with the 95% t interval of the mean, cut "
+                f"to 0-100%{agree}")
+    return (f"Log-likelihood per answer token (nats; chance {chance_logp_per_digit():.3f}), mean over depths: the "
+            f"mean over {over} with the 95% t interval of the mean, cut at 0{agree}")
+
+
+def group_table(groups, lens, metric, markdown=False):
+    """The groups of seeds: a row each, a column per length; the metric's mean over seeds (of the per-seed means
+    over depths) with the 95% t interval of that mean (mean_ci, cut to the possible range, BOUNDS;
+    the mean alone for one seed, a single point where the seeds agree), and how many seeds learned the task at
+    the training length, with the exact binomial interval of that share."""
+    scale, fmt, unit = (100, '{:.0f}', '%') if metric == 'accuracy' else (1, '{:.3f}', '')
+
+    def cell(c):
+        if isinstance(c, str):
+            return c
+        if metric not in c:
+            return 'n/a: not kept'
+        return mean_ci_text(c[metric]['values'], BOUNDS[metric], lambda v: fmt.format(scale * v), unit)
+    header = ['model', 'seeds', 'learned [95% interval]'] + [str(L) for L in lens]
+    out = []
+    for g in groups:
+        m = g['measures'][metric]  # the seeds that have this measure: those its means are over
+        out.append([g['label'], ','.join(str(s) for s in m['seeds']) or 'none',
+                    'n/a' if m['learned'] is None or not m['n'] else k_of_n_text(m['learned'], m['n'])]
+                   + [cell(g['per_length'][L]) for L in lens])
+    return format_table(header, out, markdown)
+
+
+
+def plot_groups(panels, lens, path):
+    """The tables over seeds as curves against length: a column per results file (panels: [(title, group_rows'
+    groups)]), a row per measure of MEASURES; per model the mean over its seeds with the 95% t interval of that mean
+    as a band (group_table's figures: mean_ci cut to BOUNDS; the mean alone for one seed) and each seed's
+    figure as a dot, the legend saying how many seeds learned. A model keeps its colour in every panel, so that two
+    roundings read side by side.
+    -> {(title, label, metric): [(L, mean, lo, hi)]}: what was drawn (percent for exact match)."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    labels = list(dict.fromkeys(g['label'] for _, groups in panels for g in groups))
+    fig, axes = plt.subplots(len(MEASURES), len(panels), figsize=(5.5 * len(panels) + 1, 8), sharex=True,
+                             sharey='row', squeeze=False)
+    drawn = {}
+    for j, (title, groups) in enumerate(panels):
+        for i, (metric, name) in enumerate(MEASURES.items()):
+            ax, scale = axes[i][j], 100 if metric == 'accuracy' else 1
+            for k, g in enumerate(groups):
+                points, seeds = [], []
+                for L in lens:
+                    c = g['per_length'][L]
+                    if isinstance(c, str) or metric not in c:
+                        continue
+                    values = c[metric]['values']
+                    m, lo, hi = mean_ci(values, bounds=BOUNDS[metric]) or (float(np.mean(values)),) * 3
+                    points.append((L, scale * m, scale * lo, scale * hi))
+                    seeds += [(L, scale * v) for v in values]
+                drawn[(title, g['label'], metric)] = points
+                if not points:
+                    continue
+                x, m, lo, hi = map(list, zip(*points))
+                color = f"C{labels.index(g['label']) % 10}"
+                kept = g['measures'][metric]
+                learned = '' if kept['learned'] is None else f", {kept['learned']} learned"
+                ax.plot(x, m, marker='o', ms=3, lw=1.3, color=color, label=f"{g['label']} ({kept['n']} seeds{learned})")
+                ax.fill_between(x, lo, hi, color=color, alpha=0.1, lw=0)
+                # every seed's figure, each model's a little apart along the length, so that the distribution
+                # (at this scale often two clusters, learned and not) shows beside its mean
+                shift = 2 ** (0.05 * (k - (len(groups) - 1) / 2))
+                ax.scatter([L * shift for L, _ in seeds], [v for _, v in seeds], s=12, color=color, alpha=0.6, lw=0)
+            if metric == 'logp_mean':
+                ax.axhline(chance_logp_per_digit(), color='gray', ls='--', lw=1, label='chance (a digit, not which)')
+            ax.set_xscale('log', base=2)
+            blocks = {g['block_size'] for g in groups}  # the multiples only where every model has one length
+            ax.set_xticks(lens, [f"{L}\n{L / min(blocks):g}x" if len(blocks) == 1 else str(L) for L in lens], fontsize=8)
+            ax.minorticks_off()
+            ax.set_title(f"{title}: {name}", fontsize=9)
+            ax.legend(fontsize=7)
+            if j == 0:
+                ax.set_ylabel('exact match (%)' if metric == 'accuracy' else 'nats per answer token')
+            if i == len(MEASURES) - 1:
+                ax.set_xlabel('prompt length (tokens' + (', multiple of the training length)' if len(blocks) == 1 else ')'))
+    axes[0][0].set_ylim(-2, 102)
+    fig.suptitle("passkey retrieval over seeds, per length: each seed's mean over depths (dots), their mean (line) "
+                 "and its 95% t interval (band)", fontsize=10)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return drawn
+
+
+
+def learned_at_training_length(row, learned_exact):
+    """Whether a run retrieves at its own training length (exact match of at least learned_exact);
+    None where that length was not evaluated."""
+    c = row['per_length'].get(row['block_size'])
+    return None if c is None or isinstance(c, str) else c['accuracy'] >= learned_exact
+
+
+def group_rows(rows, lens, learned_exact):
+    """Rows that differ only by their seed (the same 'setting') form a group (group_over_seeds):
+    per length, the mean and sample std over its seeds of the exact match and the log-likelihood per
+    token (each seed's figure the mean over depths), with `kept`, the members (indices) whose figures they are,
+    and `learned`, how many seeds reach an exact match of learned_exact at their training length (None where
+    that length was not evaluated). A results file may lack a measure for some runs (the log-likelihood of runs
+    evaluated before it was kept): `measures` says, per measure, which seeds have it at some length and how many
+    of those learned, the seeds a table of that measure is over."""
+    def value(metric):
+        def of(row, L):
+            c = row['per_length'][L]
+            return c if isinstance(c, str) else c.get(metric, 'n/a: not kept')
+        return of
+    setting = lambda r: r['setting']
+    by_metric = {m: group_over_seeds(rows, setting, lens, value(m)) for m in ('accuracy', 'logp_mean')}
+    groups = []
+    for i, acc in enumerate(by_metric['accuracy']):
+        members = acc['members']
+        g = {'label': acc['label'], 'n': len(members), 'seeds': [m['seed'] for m in members],
+             'rows': [m['label'] for m in members], 'block_size': members[0]['block_size'], 'per_length': {}}
+        for L in lens:
+            stats = {m: by_metric[m][i]['stats'][L] for m in by_metric}
+            if stats['accuracy']['status'] != 'ok':  # no seed could be evaluated here: the first one's reason
+                g['per_length'][L] = stats['accuracy']['status']
+                continue
+            g['per_length'][L] = {'n': stats['accuracy']['n']}
+            for metric, st in stats.items():
+                if st['status'] == 'ok':
+                    kept = [j for j, m in enumerate(members) if not isinstance(value(metric)(m, L), str)]
+                    g['per_length'][L][metric] = {'mean': st['mean'], 'std': st['std'], 'values': st['values'],
+                                                  'kept': kept}
+        flags = [learned_at_training_length(m, learned_exact) for m in members]
+        g['learned_seeds'] = flags
+        g['learned'] = None if any(f is None for f in flags) else sum(flags)
+        g['measures'] = {}
+        for metric in by_metric:
+            kept = sorted({j for c in g['per_length'].values() if isinstance(c, dict) and metric in c
+                           for j in c[metric]['kept']})
+            g['measures'][metric] = {'seeds': [g['seeds'][j] for j in kept], 'n': len(kept),
+                                     'learned': None if any(flags[j] is None for j in kept) else
+                                     sum(flags[j] for j in kept)}
+        groups.append(g)
+    return groups
+
+
+def label_parts(label):
+    """A passkey table's setting label as comparison_pairs reads it: 'dape-kerple-zero' is DAPE V1 ('dape') on
+    'kerple' with f zero at step 0 (common.base_label spells the settings so)."""
+    if not label.startswith(('dape-', 'dapev2-')):
+        return label, 'none', (None,)
+    dape, setting = label.removesuffix('-zero').split('-', 1)
+    return setting, dape, ('zero' if label.endswith('-zero') else None,)
+
+
+def compare_groups(groups, lens, metric='accuracy'):
+    """DAPE-X against X per length, in one of MEASURES: the difference of their means with its 95% t interval
+    (cut to the possible range for exact match, which lies in [0, 1]), Welch's p and the exact p
+    (compare_means), over the seeds that learned retrieval at the training length and, apart, over every
+    seed; and the exact p adjusted by Holm's method over all of them, the comparisons of one table (one per
+    measure). Over the seeds that have the measure (group_rows' `measures`): `learned` counts those.
+    -> [{label, baseline, metric, learned, learned_seeds: {L: comparison}, all_seeds: {L: comparison}, and for
+    exact match learned_share: the share of seeds that learned, by compare_means of each seed's 1 or 0}]."""
+    out = []
+    by_label = {g['label']: g for g in groups}
+    for a, b in ((by_label[x], by_label[y]) for x, y in comparison_pairs(by_label, label_parts)):
+        ma, mb = a['measures'][metric], b['measures'][metric]
+        c = {'label': a['label'], 'baseline': b['label'], 'metric': metric,
+             'learned': [ma['learned'], ma['n'], mb['learned'], mb['n']], 'learned_seeds': {}, 'all_seeds': {}}
+        for L in lens:
+            ca, cb = a['per_length'][L], b['per_length'][L]
+            if isinstance(ca, str) or isinstance(cb, str) or ca['n'] < a['n'] or cb['n'] < b['n']:
+                c['learned_seeds'][L] = c['all_seeds'][L] = {'status': 'n/a: not evaluated'}
+                continue
+            if metric not in ca or metric not in cb:
+                c['learned_seeds'][L] = c['all_seeds'][L] = {'status': 'n/a: not kept'}
+                continue
+            va, vb = ca[metric]['values'], cb[metric]['values']
+            # a value is a member's (kept), so that 'learned' is that seed's, not the one at its position
+            learned = lambda g, c: [v for v, j in zip(c[metric]['values'], c[metric]['kept']) if g['learned_seeds'][j]]
+            c['all_seeds'][L] = compare_means(va, vb, bounds=DIFFERENCE_BOUNDS[metric])
+            c['learned_seeds'][L] = compare_means(learned(a, ca), learned(b, cb), bounds=DIFFERENCE_BOUNDS[metric])
+        if metric == 'accuracy':  # the share of seeds that learned, by the same exact test on each seed's 1 or 0
+            fa, fb = a['learned_seeds'], b['learned_seeds']
+            c['learned_share'] = ({'status': 'n/a: not evaluated'} if any(f is None for f in fa + fb) else
+                                  compare_means([float(f) for f in fa], [float(f) for f in fb], bounds=(0, 1)))
+        out.append(c)
+    holm_over(table_tests(out, lens))
+    return out
+
+
+def table_tests(comparisons, lens):
+    """Every comparison of comparison_table, in its order: per pair, each length over the learned seeds and over
+    all, then (exact match) the share of seeds that learned."""
+    return [t for c in comparisons for t in [c[which][L] for which in ('learned_seeds', 'all_seeds') for L in lens]
+            + ([c['learned_share']] if 'learned_share' in c else [])]
+
+
+def learned_text(learned_exact):
+    """The rule for 'learned' as a table states it, with the day the standing rule was set."""
+    rule, since = LEARNED_RULES['passkey']
+    when = (f"the rule since {since}" if learned_exact == rule else
+            f"this evaluation's rule; the standing one, set on {since}, is {100 * rule:.0f}%")
+    return (f"learned: seeds with an exact match of at least {100 * learned_exact:.0f}% at their training length "
+            f"({when}), with the exact (Clopper-Pearson) 95% interval of the share of seeds")
+
+
+def comparison_caption(comparisons, lens):
+    """What comparison_table's cells are (the measure its comparisons were made in), and its tests
+    (tests_caption)."""
+    metric = comparisons[0]['metric']
+    what = ("exact match in percentage points" if metric == 'accuracy' else
+            "log-likelihood per answer token in nats (higher: the answer more likely)")
+    share = ("; in the learned column of the row 'all', the exact p of the difference between the shares of seeds "
+             "that learned (the same permutation test on each seed's 1, learned, or 0: a conditional test like "
+             "Fisher's, two-sided by doubling the smaller tail) and its Holm adjustment" if metric == 'accuracy' else '')
+    return (f"DAPE-X minus X, {what}: the difference of the means ["
+            + interval_text(bounded=DIFFERENCE_BOUNDS[metric] is not None) + "], Welch's two-sided p, the exact p and its Holm "
+            "adjustment, over the seeds that learned retrieval at the training length (learned) and over every seed "
+            f"(all){share}. " + tests_caption(table_tests(comparisons, lens)))
+
+
+def comparison_table(comparisons, lens, markdown=False):
+    """A row per DAPE-X against X and per set of seeds: the difference of the means, of exact match in
+    percentage points [95% t interval cut to the possible range] or of log-likelihood in nats [95% t interval],
+    Welch's p, the exact p and its Holm adjustment (compare_groups, one measure)."""
+    def cell(c, metric):
+        if c['status'] != 'ok':
+            return c['status']
+        scale, fmt = (100, '{:+.0f}') if metric == 'accuracy' else (1, '{:+.2f}')
+        d = dict(c, diff=scale * c['diff'], ci=[scale * x for x in c['ci']])
+        return (f"{difference_text(d, fmt)}, p {p_text(c['p'])}, exact {p_text(c['p_exact'])}, "
+                f"Holm {p_text(c['p_holm'])}")
+    header = ['DAPE-X minus X', 'seeds', 'learned'] + [str(L) for L in lens]
+    rows = []
+    for c in comparisons:
+        ka, na, kb, nb = c['learned']
+        share = c.get('learned_share', {'status': None})
+        for which, name in (('learned_seeds', 'learned'), ('all_seeds', 'all')):
+            test = (f", exact {p_text(share['p_exact'])}, Holm {p_text(share['p_holm'])}"
+                    if which == 'all_seeds' and share['status'] == 'ok' else '')
+            rows.append([f"{c['label']} - {c['baseline']}", name, f"{ka} of {na} vs {kb} of {nb}{test}"]
+                        + [cell(c[which][L], c['metric']) for L in lens])
+    return format_table(header, rows, markdown)
+
+
+def seed_tables(protocol, rows, lens, markdown=True):
+    """The tables over seeds of a passkey.json's rows, as the results pages show them: per group the exact match
+    and the log-likelihood per answer token (the mean with its interval, learned), DAPE-X against X in each, and
+    every run's exact match."""
+    groups = group_rows(rows, lens, protocol['learned_exact'])
+    text = []
+    for metric in MEASURES:
+        # the caption names one set of seeds only where every model has it for this measure
+        seed_sets = {tuple(g['measures'][metric]['seeds']) for g in groups}
+        over = (f"seeds {','.join(map(str, next(iter(seed_sets))))}" if len(seed_sets) == 1
+                else "each model's seeds with this measure (its seeds column)")
+        learned = f"; {learned_text(protocol['learned_exact'])}" if metric == 'accuracy' else ''
+        text += [f"{group_text(metric, over)}{learned}.", '', group_table(groups, lens, metric, markdown), '']
+    for metric in MEASURES:
+        comparisons = compare_groups(groups, lens, metric)
+        if comparisons:
+            text += [comparison_caption(comparisons, lens), '', comparison_table(comparisons, lens, markdown), '']
+    text += ['Every run: exact match, mean over depths.', '', passkey_summary_table(rows, lens, 'accuracy', markdown)]
+    return '\n'.join(text)
+
+
+def read_passkey_results(path):
+    """A passkey.json (as this script writes it, or the runs' figures alone: protocol with lengths and
+    learned_exact, and rows with label, setting, seed, block_size and per-length accuracy) -> (protocol, rows)."""
+    with open(path) as f:
+        saved = json.load(f)
+    return saved['protocol'], [dict(r, per_length={int(L): c for L, c in r['per_length'].items()})
+                               for r in saved['rows']]
+
+
+SAME_PROTOCOL = ('lengths', 'depths', 'trials', 'filler', 'seed', 'digits')  # what makes two runs' figures comparable
+
+
+
+# -----------------------------------------------------------------------------
+# the test-retest: the same runs trained under two roundings
+
+
+def _by_run(rows, which):
+    """{(setting, seed): row} of one file's rows: what pairs a run with its retest (the labels may differ between
+    the files). A (setting, seed) twice is an error: its retest would be ambiguous."""
+    out = {}
+    for r in rows:
+        k = (r['setting'], r['seed'])
+        if k in out:
+            raise InputError(f"--{which}: two runs of {k[0]} with seed {k[1]} ({out[k]['label']} and {r['label']}): "
+                             f"keep one, so that each run has one counterpart under the other rounding")
+        out[k] = r
+    return out
+
+
+def _paired_figures(a, b, lens, metric):
+    """A run's metric under both roundings at each length where both have it: (a's list, b's list)."""
+    pairs = [(a['per_length'][L][metric], b['per_length'][L][metric]) for L in lens
+             if all(isinstance(r['per_length'].get(L), dict) and metric in r['per_length'][L] for r in (a, b))]
+    return [x for x, _ in pairs], [y for _, y in pairs]
+
+
+def passkey_retest_tables(protocol, rows_a, rows_b, lens):
+    """A test-retest of the same runs (setting and seed) trained twice, once under each of two roundings (ATen's
+    vector kernels and ATEN_CPU_CAPABILITY=default), rows_a from --tables_from and rows_b from --rounding_from:
+    only runs present in both count, and 'learned' is protocol's rule (learned_exact at the training length, as
+    group_rows decides it) under both. Three Markdown tables and a caption: per model, how many seeds learned
+    under each rounding and how many changed sides, and how the exact match and the log-likelihood per answer
+    token move over every seed and length (Pearson's r between the two, the mean absolute move); per run, learned
+    or not and its figures at the training length and the longest under both; and every comparison the published
+    tables make (compare_groups: DAPE-X against X at each length in each of MEASURES, over the learned seeds and
+    over all), computed
+    under each rounding as its own table computes it, with whether its conclusion (which side is ahead, and
+    whether Holm's exact p is below ALPHA) holds under both."""
+    by_a, by_b = _by_run(rows_a, 'tables_from'), _by_run(rows_b, 'rounding_from')
+    both = [k for k in by_a if k in by_b]  # in the first file's order: the groups of both come out alike
+    if not both:
+        return 'no run (setting and seed) is in both files'
+    ra, rb = [by_a[k] for k in both], [by_b[k] for k in both]
+    ga, gb = group_rows(ra, lens, protocol['learned_exact']), group_rows(rb, lens, protocol['learned_exact'])
+    a_name, b_name, how = retest_sides([(x.get('machine'), y.get('machine')) for x, y in zip(ra, rb)])
+    r_text = lambda r: 'n/a' if r is None else f"{r:+.2f}"
+    move = lambda xs, ys, fmt: fmt.format(np.mean(np.abs(np.subtract(xs, ys)))) if xs else 'n/a'
+    learned = lambda g: 'n/a' if g['learned'] is None else k_of_n_text(g['learned'], g['n'])
+    yes = lambda f: 'n/a' if f is None else 'yes' if f else 'no'
+    changed = lambda fa, fb: sum(x is not None and y is not None and x != y for x, y in zip(fa, fb))
+
+    def figures(runs_a, runs_b):
+        """The cells of table 1 after the learned ones: r and mean move of exact match (points) and log-likelihood."""
+        cells = []
+        for metric, scale, fmt in (('accuracy', 100, '{:.1f}'), ('logp_mean', 1, '{:.3f}')):
+            pairs = [_paired_figures(x, y, lens, metric) for x, y in zip(runs_a, runs_b)]
+            xs, ys = [scale * v for p in pairs for v in p[0]], [scale * v for p in pairs for v in p[1]]
+            cells += [r_text(pearson(xs, ys)), move(xs, ys, fmt)]
+        return cells
+
+    summary, per_run, flips = [], [], 0
+    for g, h in zip(ga, gb):
+        runs_a, runs_b = [by_a[(g['label'], s)] for s in g['seeds']], [by_b[(g['label'], s)] for s in g['seeds']]
+        f = changed(g['learned_seeds'], h['learned_seeds'])
+        flips += f
+        summary.append([g['label'], ','.join(map(str, g['seeds'])), learned(g), learned(h), str(f)]
+                       + figures(runs_a, runs_b))
+        for x, y, fx, fy in zip(runs_a, runs_b, g['learned_seeds'], h['learned_seeds']):
+            pct = lambda r, L: (f"{100 * r['per_length'][L]['accuracy']:.0f}%"
+                                if isinstance(r['per_length'].get(L), dict) else 'n/a')
+            at = [L for L in lens if isinstance(x['per_length'].get(L), dict) and isinstance(y['per_length'].get(L), dict)]
+            longest = max(at, default=None)
+            lp = lambda r: f"{r['per_length'][longest]['logp_mean']:.3f}" if 'logp_mean' in r['per_length'][longest] else 'n/a'
+            per_run.append([g['label'], str(x['seed']), f"{yes(fx)} / {yes(fy)}",
+                            f"{pct(x, x['block_size'])} / {pct(y, y['block_size'])}",
+                            'n/a' if longest is None else f"{pct(x, longest)} / {pct(y, longest)} (L={longest})",
+                            'n/a' if longest is None else f"{lp(x)} / {lp(y)} (L={longest})"])
+    summary.append(['all', f"{len(ra)} runs", '', '', str(flips)] + figures(ra, rb))
+    # the comparisons, each computed under each rounding as its own table computes it (Holm over that table)
+    checks, shares = [], []
+    held, total = {'learned': 0, 'all': 0}, {'learned': 0, 'all': 0}  # over the seeds that learned, over every seed
+    for metric, measure in MEASURES.items():
+        for ca, cb in zip(compare_groups(ga, lens, metric), compare_groups(gb, lens, metric)):
+            for which, name in (('learned_seeds', 'learned'), ('all_seeds', 'all')):
+                text, same, tested = holds_at(ca[which], cb[which], lens, 'L')
+                held[name], total[name] = held[name] + same, total[name] + tested
+                checks.append([f"{ca['label']} - {ca['baseline']}", measure, name, verdict_counts(ca[which].values()),
+                               verdict_counts(cb[which].values()), text])
+            if 'learned_share' in ca:
+                same = holds(ca['learned_share'], cb['learned_share'])
+                held['all'], total['all'] = held['all'] + bool(same), total['all'] + (same is not None)
+                shares.append([f"{ca['label']} - {ca['baseline']}"] + [share_text(c) for c in (ca, cb)]
+                              + ['n/a' if same is None else 'yes' if same else 'no'])
+    seeds = sorted({r['seed'] for r in ra}, key=lambda s: (s is None, s or 0))
+    text = [format_table(['model', 'seeds', f"learned, {a_name}", f"learned, {b_name}", 'changed sides', 'exact match r',
+                          'exact match mean move', 'log-likelihood r', 'log-likelihood mean move'], summary, True),
+            format_table(['model', 'seed', f"learned, {a_name} / {b_name}",
+                          f"exact match at the training length, {a_name} / {b_name}",
+                          f"exact match at the longest length, {a_name} / {b_name}",
+                          f"log-likelihood at the longest length, {a_name} / {b_name}"], per_run, True)]
+    if checks:
+        text.append(format_table(['DAPE-X minus X', 'measure', 'seeds', f"{a_name}: at each of {len(lens)} lengths",
+                                  f"{b_name}: at each of {len(lens)} lengths", 'holds under both'],
+                                 checks, True))
+    if shares:
+        text.append(format_table(['DAPE-X against X, seeds that learned', a_name, b_name, 'holds under both'],
+                                 shares, True))
+    caption = (f"The same runs (seeds {','.join(map(str, seeds))}) trained {how}. Only runs (model and seed) in "
+               f"both files count. {learned_text(protocol['learned_exact'])}, under each rounding; changed sides: "
+               f"runs learned under one and not the other. r: Pearson's correlation between "
+               f"the two roundings over every seed and length (n/a: fewer than 3 pairs, or one side does not vary); "
+               f"mean move: the mean absolute difference, in points of exact match, in nats of log-likelihood per "
+               f"answer token. Comparisons: DAPE-X minus X's exact match, and apart its log-likelihood per answer token, at "
+               f"each length, over the seeds that learned (learned) and over every seed (all), each as its table computes it under each rounding (Holm over that "
+               f"table); ahead, and significantly where Holm's exact p is below {ALPHA:g}"
+               + ("; and apart the share of seeds that learned, in the exact-match table" if shares else '') +
+               f"; a conclusion (ahead, behind or level, significantly or not) holds where both say the same (n/a: no "
+               f"test under one of them). {sum(held.values())} of {sum(total.values())} conclusions hold under "
+               f"both: {held['all']} of {total['all']} over every seed"
+               + (" (the shares of seeds that learned among them)" if shares else '')
+               + (f", {held['learned']} of {total['learned']} over the seeds that learned, which the rounding chooses."
+                  if total['learned'] else ", none over the seeds that learned (too few for a test under both)."))
+    return '\n\n'.join(text + [caption])
+
+
+def share_text(c):
+    """A comparison's share of seeds that learned (compare_groups, exact match) as the test-retest writes it:
+    '3 of 6 vs 6 of 6: behind, exact 0.18, Holm 1' ('behind*' where Holm's p is below ALPHA)."""
+    ka, na, kb, nb = c['learned']
+    t = c['learned_share']
+    return (f"{ka} of {na} vs {kb} of {nb}: " + (verdict(t) if t['status'] != 'ok' else
+            f"{verdict(t)}, exact {p_text(t['p_exact'])}, Holm {p_text(t['p_holm'])}"))
+
+
+def figure_from_files(paths, out):
+    """plot_groups of results files (read_results; the lengths of the first), a column each, titled by its file and
+    the kernels its runs were trained with."""
+    panels, lens = [], None
+    for path in paths:
+        protocol, rows = read_passkey_results(path)
+        lens = lens or protocol['lengths']
+        kernels = kernels_of(r.get('machine') for r in rows)
+        panels.append((os.path.basename(path) + ('' if kernels == 'unknown' else f" ({kernels} kernels)"),
+                       group_rows(rows, protocol['lengths'], protocol['learned_exact'])))
+    return plot_groups(panels, lens, out)
+
+
+def retest_tables_from_files(path_a, path_b):
+    """retest_tables of two results files (as tables_from_file reads them) that hold the same runs trained under two
+    roundings; files evaluated with another protocol (SAME_PROTOCOL) are an error: their figures differ for
+    reasons other than the rounding."""
+    (pa, rows_a), (pb, rows_b) = read_passkey_results(path_a), read_passkey_results(path_b)
+    differ = [k for k in SAME_PROTOCOL if pa.get(k) != pb.get(k)]
+    if differ:
+        raise InputError("--rounding_from: the two files were evaluated differently, "
+                         + ', '.join(f"{k} {pa.get(k)!r} in {path_a} and {pb.get(k)!r} in {path_b}" for k in differ)
+                         + ": a test-retest needs the same evaluation of both; evaluate them alike")
+    return passkey_retest_tables(pa, rows_a, rows_b, pa['lengths'])

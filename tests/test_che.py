@@ -494,7 +494,8 @@ def test_grid_table_and_not_servable(tmp_path):
     assert 0 <= r['id_score'] <= 100  # what it learned in distribution is still measured
     assert (out / 'table.md').exists() and (out / 'even_pairs.png').exists()
     assert len(json.loads((out / 'grid.json').read_text())) == 4
-    assert [C.encoding_label(p, d) for p, d in C.PAPER_TABLE2_COLUMNS] == [
+    from results import PAPER_TABLE2_COLUMNS
+    assert [C.encoding_label(p, d) for p, d in PAPER_TABLE2_COLUMNS] == [
         'ALiBi', 'Kerple', 'FIRE', 'DAPE-ALiBi', 'DAPE-Kerple', 'DAPE-FIRE']
     assert C.encoding_label('rope', 'v2') == 'DAPEv2-RoPE'
 
@@ -719,8 +720,8 @@ def test_seeds_table_counts_learned_seeds_and_pairs_dape_with_its_baseline():
     assert header == ['Task', 'Encoding', 'Random', 'learned [95% interval]', 'ID', 'ID per seed',
                       'OOD (learned seeds)', 'OOD per seed']
     # chance 50, learned_frac 0.5: learned from 75% ID on; OOD plays no part
-    assert C.learned_threshold(C.TASKS['reverse_string'], cfg) == 75.0
-    assert C.learned_threshold(C.TASKS['bucket_sort'], cfg) == 60.0
+    assert results.learned_threshold(C.TASKS['reverse_string'], cfg) == 75.0
+    assert results.learned_threshold(C.TASKS['bucket_sort'], cfg) == 60.0
     alibi = _row(table, '| reverse_string | ALiBi |')
     # the share of seeds with its exact (Clopper-Pearson) interval: 2 of 3 -> [9.4%, 99.2%]
     assert alibi == ['reverse_string', 'ALiBi', '50', '2 of 3 [9, 99]%', '80.0 [55.2, 100.0]', '80.0, 70.0, 90.0',
@@ -776,9 +777,9 @@ def test_the_shares_of_seeds_that_learned_are_compared_by_the_conditional_exact_
     ids = lambda k, n: [(s, 90.0 if s < k else 10.0, 50.0) for s in range(n)]  # bucket_sort: learned from 60%
     cells = {('bucket_sort', 'alibi', 'v1'): _cell('bucket_sort', 'alibi', 'v1', ids(ka, na)),
              ('bucket_sort', 'alibi', 'none'): _cell('bucket_sort', 'alibi', 'none', ids(kb, nb))}
-    rows = C.seed_rows(cells, ['bucket_sort'], [('alibi', 'none'), ('alibi', 'v1')],
+    rows = results.seed_rows(cells, ['bucket_sort'], [('alibi', 'none'), ('alibi', 'v1')],
                        _cfg(seeds=','.join(map(str, range(max(na, nb)))), learning_rate=1e-3))
-    (_, _, cs), = C.seed_comparisons(rows)
+    (_, _, cs), = results.seed_comparisons(rows)
     h = stats.hypergeom(na + nb, ka + kb, na)  # DAPE's count of learned seeds, given how many learned in all
     want = min(1.0, 2 * min(h.cdf(ka), h.sf(ka - 1)))
     assert cs[3]['p_exact'] == pytest.approx(want, rel=1e-9) and cs[3]['diff'] == pytest.approx(ka / na - kb / nb)

@@ -533,7 +533,7 @@ def test_dape_against_its_baseline_over_learned_and_all_seeds():
     assert without_holm(c['all_seeds'][256]) == results.compare_means([0.9, 0.7, 0.0], [0.2, 0.4, 0.1], bounds=(0, 1))
     # Holm over the table: learned and all seeds at both lengths, 128 too (every seed at 100% or near: a test),
     # and the share of seeds that learned
-    tests = EP.table_tests([c], [128, 256])
+    tests = results.table_tests([c], [128, 256])
     assert len(tests) == 5 and [t['p_holm'] for t in tests] == results.holm([t['p_exact'] for t in tests])
     assert tests[-1] is c['learned_share'] and c['learned_share']['diff'] == pytest.approx(2 / 3 - 1)
     table = EP.comparison_table([c], [128, 256], markdown=True)
@@ -624,7 +624,7 @@ def test_dape_against_its_baseline_in_log_likelihood_too():
     assert without_holm(c['all_seeds'][256]) == results.compare_means([-0.2, -0.5, -2.4], [-1.9, -1.1, -2.0])
     assert without_holm(c['learned_seeds'][256]) == results.compare_means([-0.2, -0.5], [-1.9, -1.1, -2.0])
     assert c['all_seeds'][256]['ci_method'] == 't'
-    tests = EP.table_tests([c], lens)
+    tests = results.table_tests([c], lens)
     assert [t['p_holm'] for t in tests] == results.holm([t['p_exact'] for t in tests])  # this table's four alone
     learned = c['learned_seeds'][256]
     line = next(x for x in EP.comparison_table([c], lens, markdown=True).splitlines()
@@ -738,9 +738,9 @@ def test_save_runs_adds_an_evaluation_to_a_results_file(tmp_path, monkeypatch):
 
 def test_zero_init_is_compared_with_its_encoding_and_with_the_default_init():
     """'dape-kerple-zero' (dape_init zero: common.base_label) against 'kerple' and against 'dape-kerple'."""
-    import eval_passkey
-    groups = [{'label': name} for name in ('kerple', 'dape-kerple', 'dape-kerple-zero', 'dapev2-kerple', 'dape-path-zero')]
-    pairs = [(a['label'], b['label']) for a, b in eval_passkey.comparison_pairs(groups)]
+    import results
+    labels = ('kerple', 'dape-kerple', 'dape-kerple-zero', 'dapev2-kerple', 'dape-path-zero')
+    pairs = results.comparison_pairs(labels, results.label_parts)
     assert pairs == [('dape-kerple', 'kerple'), ('dape-kerple-zero', 'kerple'), ('dape-kerple-zero', 'dape-kerple'),
                      ('dapev2-kerple', 'kerple')]
 
