@@ -2,7 +2,7 @@
 (common.dape_record), loading builds each model with its own (common.dape_module), labels tell an edited dape.py
 apart (common.dape_of_run) and eval_extrapolate.py compares the two. The whole loop runs in a copy of the
 repository, a git checkout of its own: train the baseline, edit dape.py, train the ablation, evaluate both in
-the edited tree and in the restored one."""
+the edited tree and in the restored one, then resume the ablation there."""
 import glob
 import inspect
 import json
@@ -103,6 +103,13 @@ def test_an_ablation_and_its_baseline_in_one_table(tmp_path):
         tables[tree] = [[r['results'][L]['ppl'] for L in ('16', '32')] for r in res['runs']]
     # the same figures in both trees, to rounding: no checkpoint ran the other's f
     np.testing.assert_allclose(tables["edited"], tables["committed"], rtol=1e-6)
+
+    # resumed in the committed tree, the ablation continues with its own f, and its saves keep recording it
+    run = dict(TRAIN, seed=0, data_root=str(repo / 'data'), out_dir=ablation[0], init_from='resume', max_iters=6)
+    text = python(repo, '-c', f"import train\ntrain.train({run!r})")
+    assert "was trained with another dape.py (an uncommitted edit" in text, text
+    ckpt = torch.load(os.path.join(ablation[0], 'ckpt.pt'), weights_only=True)
+    assert ckpt['iter_num'] == 6 and ckpt['dape_py'] == record
 
 
 def test_a_recorded_dape_py_builds_the_model_and_its_code_is_readable(tmp_path, capsys):
