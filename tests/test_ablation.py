@@ -17,6 +17,7 @@ import torch
 
 import common
 import dape
+import eval_extrapolate as E
 from model import GPT, GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -141,3 +142,27 @@ def test_a_damaged_record_is_refused(tmp_path):
                 'dape_py': {'sha256': '0' * 64, 'edited': True, 'source': common.dape_here()}}, path)
     with pytest.raises(ValueError, match="record of dape.py is damaged"):
         common.load_checkpoint(path)
+
+
+def test_which_runs_are_labelled_by_their_dape_py():
+    """The short hash labels a DAPE model trained with an edited dape.py, or outside git with one other than the
+    dape.py here; not the committed dape.py, nor a model without DAPE, nor a checkpoint older than the record."""
+    here, other = common.sha256(common.dape_here()), '1234567' + '0' * 57
+
+    def tag(edited, sha, dape='v1'):
+        run = common.dape_of_run({'model_args': {'dape': dape}, 'dape_py': {'sha256': sha, 'edited': edited}})
+        return run['tag']
+    assert tag(True, other) == '1234567' and tag(None, other) == '1234567'
+    assert tag(False, other) is None and tag(None, here) is None and tag(True, other, dape='none') is None
+    assert common.dape_of_run({'model_args': {'dape': 'v1'}}) is None
+
+
+def test_an_ablation_is_compared_with_its_baseline_and_with_x():
+    def group(label, dape='v1', tag=None):
+        return {'label': label, 'model_args': dict(pos='kerple', dape=dape, block_size=16), 'training': {'lr': 1},
+                'data_dir': 'd', 'dape_py': {'tag': tag} if tag else None}
+    x, base, ablation = group('kerple', 'none'), group('dape-kerple'), group('dape-kerple[dape.py=abc]', tag='abc')
+    assert common.base_label(common.setting_of(ablation)['model']) == 'dape-kerple[dape.py=abc]'
+    pairs = [(a['label'], b['label']) for a, b in E.comparison_pairs([x, base, ablation])]
+    assert sorted(pairs) == [('dape-kerple', 'kerple'), ('dape-kerple[dape.py=abc]', 'dape-kerple'),
+                             ('dape-kerple[dape.py=abc]', 'kerple')]
