@@ -190,9 +190,9 @@ def dape_module(record, where):
         raise ValueError(f"{where}: the dape.py it was trained with (recorded in it) does not run here "
                          f"({type(e).__name__}: {e}); evaluate it with the code it was trained with") from e
     _RECORDED[sha] = module
-    how = {True: 'an uncommitted edit', False: "its commit's", None: 'outside a git checkout'}[record.get('edited')]
-    print(f"note: {where} was trained with another dape.py ({how}, sha256 {sha[:12]}) than the one here: its "
-          f"model is built with that one, which the checkpoint records (so is every checkpoint of that dape.py)")
+    how = {True: 'an uncommitted edit', False: 'committed when it was trained', None: 'outside a git checkout'}
+    print(f"note: {where} was trained with another dape.py than this one ({how[record.get('edited')]}, sha256 "
+          f"{sha[:12]}): its model runs that one, which the checkpoint records (as does every checkpoint of it)")
     return module
 
 

@@ -91,8 +91,8 @@ def test_an_ablation_and_its_baseline_in_one_table(tmp_path):
         if tree == 'committed':
             (repo / 'dape.py').write_text(source)
         res, text = evaluate(repo, baseline + ablation, str(tmp_path / tree))
-        other = 'an uncommitted edit' if tree == 'committed' else "its commit's"
-        assert f"was trained with another dape.py ({other}, sha256 " in text, text
+        other = 'an uncommitted edit' if tree == 'committed' else 'committed when it was trained'
+        assert f"was trained with another dape.py than this one ({other}, sha256 " in text, text
         assert [g['label'] for g in res['groups']] == ['dape-kerple-D8', f'dape-kerple-D8[dape.py={tag}]']
         assert [g['n'] for g in res['groups']] == [2, 2]
         (c,) = res['comparisons']
@@ -108,7 +108,7 @@ def test_an_ablation_and_its_baseline_in_one_table(tmp_path):
     # resumed in the committed tree, the ablation continues with its own f, and its saves keep recording it
     run = dict(TRAIN, seed=0, data_root=str(repo / 'data'), out_dir=ablation[0], init_from='resume', max_iters=6)
     text = python(repo, '-c', f"import train\ntrain.train({run!r})")
-    assert "was trained with another dape.py (an uncommitted edit" in text, text
+    assert "was trained with another dape.py than this one (an uncommitted edit" in text, text
     ckpt = torch.load(os.path.join(ablation[0], 'ckpt.pt'), weights_only=True)
     assert ckpt['iter_num'] == 6 and ckpt['dape_py'] == record
 
@@ -127,7 +127,7 @@ def test_a_recorded_dape_py_builds_the_model_and_its_code_is_readable(tmp_path, 
     f = model.transformer.h[0].attn.dape
     assert isinstance(f.mlp[1], torch.nn.SiLU) and type(f).__module__ != 'dape'
     assert inspect.getsource(type(f)) in edited
-    assert "was trained with another dape.py (an uncommitted edit" in capsys.readouterr().out
+    assert "was trained with another dape.py than this one (an uncommitted edit" in capsys.readouterr().out
     again, _ = common.load_checkpoint(path)
     assert type(again.transformer.h[0].attn.dape) is type(f) and capsys.readouterr().out == ''
     for record in (None, {'sha256': common.sha256(here), 'edited': False, 'source': here}):
