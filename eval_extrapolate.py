@@ -1,6 +1,7 @@
 """
-Length extrapolation: perplexity of trained checkpoints at evaluation lengths beyond the training
-length, as in the DAPE paper (§4, Figure 2, Table 5). Table 1's timing is bench.py's `timing` section.
+Length extrapolation as the DAPE paper measures it (§4, Figure 2, Table 5): the perplexity of trained checkpoints
+at evaluation lengths from their training length up, on the same scored tokens at every length, seeds of a setting
+grouped and DAPE-X set against X. Table 1's timing is bench.py's `timing` section.
 
     python eval_extrapolate.py out/kerple out/dape_kerple                 # one row per checkpoint
     python eval_extrapolate.py out/kerple_s* out/dape_kerple_s*           # seeds grouped, p-values
@@ -21,14 +22,10 @@ Protocol (paper §4 "Datasets" and Appendix, "the last 256 tokens"; docs/evaluat
 - Perplexity = exp(mean cross-entropy over all scored tokens); for byte data also bits per byte
   (mean cross-entropy / ln 2). A length the validation split cannot hold is reported as 'too long';
   a length a `learned` model cannot encode as 'n/a: learned'. Nothing is silently NaN.
-- Checkpoints that differ only by their seed form a group: same model options and same training
-  config (learning rate, steps, batch, dropout, dataset, ...; settings that do not change what is
-  trained, like out_dir or eval_interval, may differ). A group gets mean ± std (sample std, ddof=1) per
-  length, and for every DAPE-X group whose plain X group (trained alike) is also present, Welch's
-  two-sided t-test p-value per length (Table 5), the exact permutation test's two-sided p (which cannot
-  go below what the seed counts allow: 0.1 with 3 and 3) with its Holm adjustment over every comparison
-  of the table, and the difference of the mean perplexities with its 95% confidence interval
-  (Welch-Satterthwaite degrees of freedom); a DAPE-X group with f zero at step 0 (dape_init='zero') also
+- Checkpoints that differ only by their seed (settings that do not change what is trained, like out_dir,
+  may differ) form a group: mean ± sample std per length; DAPE-X against X trained alike (results.py:
+  Welch's p per length as in Table 5, the exact permutation test's with Holm's adjustment over the table, the
+  difference of the means with its 95% interval); a DAPE-X group with f zero at step 0 (dape_init='zero') also
   against the same DAPE-X with the default init, and one trained with an edited dape.py (an ablation of f,
   labelled dape-x[dape.py=<its sha256's first 7 digits>]) against the same DAPE-X with the committed one,
   where it is present. Each checkpoint's model runs the dape.py it was trained with, which it records, so an
@@ -42,7 +39,6 @@ Outputs (`out_dir`, default results/): results.json (everything, including per-w
 results.md, results.csv and ppl_vs_length.png (Figure 2 for your runs).
 """
 
-import csv
 import dataclasses
 import json
 import math
@@ -59,8 +55,9 @@ from common import (InputError, auto_labels, autocast, checkpoints_and_config, d
                     find_data_dir, load_run, load_val, parse_list, pick_device, pick_dtype, provenance,
                     resolve_data_dir, rope_scaling_options, setting_of, trained_by, training_data_dirs,
                     training_setting)
-from results import (compare_means, difference_text, format_table, group_over_seeds, holm_over, jsonable, mean_std_text,
-                     p_text, tests_caption)
+from results import (compare, dape_pairs, difference_table, group_runs, holm_table, parse_pairs, plot_loss_by_position,
+                     ppl_run_table, ppl_table, protocol_text, pvalue_table, tokens_seen, training_notes,
+                     unequal_training, write_ppl_results)
 from configurator import ConfigError
 import probe
 from positional import rope_scaling_label, set_rope_scaling
@@ -102,10 +99,6 @@ config_keys = [k for k in globals() if k not in _names_before_config and not k.s
 
 MIN_SCORED = 4096        # scored tokens per cell when num_windows is left to the tool
 DEFAULT_K = 256          # the paper's "last 256 tokens"
-
-
-# -----------------------------------------------------------------------------
-# command line
 
 
 def parse_ints(text, key):
@@ -302,67 +295,11 @@ def loss_by_position(model, data, ends, L, batch, dev, ctx):
                                      for a, b in position_buckets(L)]}
 
 
-def plot_loss_by_position(runs, path):
-    """Mean loss against position (log2 axis), one colour per label (seeds share it), training lengths
-    marked: where past the training length each model's loss starts to rise."""
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    labels = list(dict.fromkeys(r['label'] for r in runs if r.get('position_loss')))
-    colors = dict(zip(labels, curve_colors(len(labels))))
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    seen = set()
-    for r in runs:
-        pl = r.get('position_loss')
-        if not pl:
-            continue
-        xs = [(a + b - 1) / 2 + 1 for a, b, _ in pl['buckets']]  # bucket centre, 1-based for the log axis
-        ax.plot(xs, [v for _, _, v in pl['buckets']], color=colors[r['label']], marker='.', ms=3,
-                label=None if r['label'] in seen else r['label'])
-        seen.add(r['label'])
-    for b in sorted({r['model_args']['block_size'] for r in runs if r.get('position_loss')}):
-        ax.axvline(b, color='grey', linestyle=':', linewidth=1.2)
-    ax.set_xscale('log', base=2)
-    ax.set_xlabel('position in the window (tokens of context + 1; dotted: training length)')
-    ax.set_ylabel('mean loss (nats)')
-    ax.set_title('Loss by position, longest evaluation length', fontsize=10)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-
-
 # -----------------------------------------------------------------------------
-# settings, labels, groups
+# which groups are compared
 
 
 DAPE_KEYS = ('dape', 'dape_variant', 'dape_width', 'dape_kernel', 'dape_init', 'dape.py')
-
-
-def group_runs(runs, eval_lengths):
-    """Runs with the same label form a group: per length, mean and sample std of ppl (and bpb) over
-    the runs that have a value (common.group_over_seeds); a length none of them has keeps the first
-    reason."""
-    def value(metric):
-        def of(run, L):
-            res = run['results'][L]
-            if res['status'] != 'ok':
-                return res['status']
-            return 'n/a: not byte data' if res[metric] is None else res[metric]
-        return of
-    label = lambda r: r['label']
-    ppl, bpb = (group_over_seeds(runs, label, eval_lengths, value(m)) for m in ('ppl', 'bpb'))
-    out = []
-    for gp, gb in zip(ppl, bpb):
-        members = gp['members']
-        out.append({'label': gp['label'], 'runs': [m['path'] for m in members], 'n': len(members),
-                    'seeds': [m['seed'] for m in members], 'model_args': members[0]['model_args'],
-                    'training': members[0].get('training'), 'data_dir': members[0]['data_dir'],
-                    'rope_scaling': members[0].get('rope_scaling', 'none'),  # part of the setting (setting_of)
-                    'dape_py': members[0].get('dape_py'),  # so is an edited dape.py
-                    'block_size': members[0]['model_args']['block_size'], 'ppl': gp['stats'], 'bpb': gb['stats']})
-    return out
 
 
 def setting_without(g, keys=DAPE_KEYS):
@@ -373,367 +310,20 @@ def setting_without(g, keys=DAPE_KEYS):
     return json.dumps(s, sort_keys=True)
 
 
-def split_pairs(text):
-    """--pairs 'a:b,c:d' as ['a:b', 'c:d'], keeping commas inside brackets (kerple[lr=1,dropout=0])."""
-    items, depth, cur = [], 0, ''
-    for ch in text:
-        depth += (ch == '[') - (ch == ']')
-        if ch == ',' and depth == 0:
-            items.append(cur)
-            cur = ''
-        else:
-            cur += ch
-    return [p.strip() for p in items + [cur] if p.strip()]
-
-
-def parse_pairs(text, labels):
-    """--pairs as [(dape label, baseline label)], checked against the runs' labels before anything is
-    evaluated. A label may hold ':' itself, so every ':' is tried as the separator."""
-    known = sorted(set(labels))
-    out = []
-    for pair in split_pairs(text):
-        splits = [(pair[:i], pair[i + 1:]) for i, ch in enumerate(pair) if ch == ':' and 0 < i < len(pair) - 1]
-        if not splits:
-            raise InputError(f"--pairs: {pair!r} is not 'dape_label:baseline_label' (pairs are separated by ','); "
-                            f"the labels are {known}")
-        found = [(a, b) for a, b in splits if a in known and b in known]
-        if len(found) != 1:
-            missing = [x for x in splits[0] if x not in known]
-            raise InputError(f"--pairs: {pair!r}: " + (f"no run is labelled {missing}" if missing else
-                            "ambiguous") + f"; the labels are {known} (see --labels to name runs yourself)")
-        if found[0][0] == found[0][1]:
-            raise InputError(f"--pairs: {pair!r} compares {found[0][0]!r} with itself")
-        out += found
-    return out
-
-
 def comparison_pairs(groups, explicit=()):
-    """(dape group, baseline group) pairs: the explicit (label, label) list (parse_pairs), or every
-    DAPE-X group whose setting minus the DAPE options equals that of a group without DAPE, then every
-    DAPE-X group with f zero at step 0 against the same DAPE-X with the default init, and every DAPE-X group
-    trained with an edited dape.py (an ablation) against the same DAPE-X with the committed one, where there
-    is one."""
+    """(dape group, baseline group) pairs: the explicit (label, label) list (parse_pairs), or results.dape_pairs'
+    of the groups: every DAPE-X against X trained alike on the same data (their settings without DAPE's options
+    agree), and a DAPE-X with f zero at step 0, or trained with an edited dape.py (an ablation), also against the
+    same DAPE-X without that departure, where there is one."""
     by_label = {g['label']: g for g in groups}
-    if explicit:
-        return [(by_label[a], by_label[b]) for a, b in explicit]
 
-    dape = [g for g in groups if g['model_args'].get('dape', 'none') != 'none']
-    zero = [g for g in dape if g['model_args'].get('dape_init', 'default') != 'default']
-
-    def by_setting(gs, keys):
-        out = {}
-        for g in gs:
-            k = setting_without(g, keys)
-            if k in out:  # two labels for one setting: which is the baseline would be a guess
-                raise InputError(f"runs labelled {out[k]['label']!r} and {g['label']!r} have the same setting: give "
-                                 f"them one label (or name the comparisons with --pairs)")
-            out[k] = g
-        return out
-    baselines = by_setting([g for g in groups if g not in dape], DAPE_KEYS)
-    defaults = by_setting([g for g in dape if g not in zero], ('dape_init',))
-    edited = [g for g in dape if 'dape.py' in setting_of(g)['model']]
-    committed = by_setting([g for g in dape if g not in edited], ('dape.py',))
-    return ([(g, baselines[setting_without(g)]) for g in dape if setting_without(g) in baselines]
-            + [(g, defaults[setting_without(g, ('dape_init',))]) for g in zero
-               if setting_without(g, ('dape_init',)) in defaults]
-            + [(g, committed[setting_without(g, ('dape.py',))]) for g in edited
-               if setting_without(g, ('dape.py',)) in committed])
-
-
-def compare(dape_group, base_group, eval_lengths):
-    """Per length: DAPE-X's mean perplexity minus X's with its 95% confidence interval, Welch's t-test and
-    the exact permutation test of the per-seed perplexities (common.compare_means; holm_table adds the
-    Holm-adjusted p once every comparison of the table is made)."""
-    out = {'label': dape_group['label'], 'baseline': base_group['label'], 'p_value': {}, 't': {}}
-    for L in eval_lengths:
-        a, b = dape_group['ppl'][L], base_group['ppl'][L]
-        if a['status'] != 'ok' or b['status'] != 'ok':
-            out['p_value'][L] = {'status': a['status'] if a['status'] != 'ok' else b['status']}
-            continue
-        c = compare_means(a['values'], b['values'])
-        if c['status'] != 'ok':
-            out['p_value'][L] = {'status': 'n/a: 1 seed' if min(a['n'], b['n']) < 2 else 'n/a: zero variance'}
-            continue
-        out['p_value'][L] = {'status': 'ok', 'p': c['p'], 't': c['t'], 'df': c['df'], 'mean_diff': c['diff'],
-                             'ci': c['ci'], 'p_exact': c['p_exact'], 'p_min': c['p_min'], 'exact': c['exact'],
-                             'n_a': c['n_a'], 'n_b': c['n_b']}
-    return out
-
-
-def holm_table(comparisons, eval_lengths):
-    """Holm's adjustment of the exact p over every test of the p-value table (each pair at each length): sets
-    'p_holm' in place. -> the number of tests."""
-    return holm_over([c['p_value'][L] for c in comparisons for L in eval_lengths])
-
-
-# -----------------------------------------------------------------------------
-# tables, files, plot
-
-
-def fmt_value(v, digits):
-    if v >= 1e5:
-        return f"{v:.3g}"
-    return f"{v:.{digits}f}"
-
-
-def cell(stat, digits=3):
-    if stat['status'] != 'ok':
-        return stat['status']
-    return mean_std_text(stat['mean'], stat['std'], lambda v: fmt_value(v, digits))
-
-
-def group_table(groups, metric, eval_lengths, markdown=False):
-    header = ['model', 'n'] + [str(L) for L in eval_lengths]
-    rows = [[g['label'], str(g['n'])] + [cell(g[metric][L], 4 if metric == 'bpb' else 3) for L in eval_lengths]
-            for g in groups]
-    return format_table(header, rows, markdown)
-
-
-def run_table(runs, eval_lengths, markdown=False):
-    header = ['run', 'model', 'seed', 'iter'] + [str(L) for L in eval_lengths]
-    rows = [[r['name'], r['label'], str(r['seed']), str(r['iter_num'])] +
-            [fmt_value(r['results'][L]['ppl'], 3) if r['results'][L]['status'] == 'ok' else r['results'][L]['status']
-             for L in eval_lengths] for r in runs]
-    return format_table(header, rows, markdown)
-
-
-def pvalue_table(comparisons, eval_lengths, markdown=False):
-    """Per pair and length: Welch's p, and in brackets the exact p and its Holm adjustment (holm_table); then
-    the caption (common.tests_caption) and the pairs trained unequally."""
-    header = ['DAPE-X vs X'] + [str(L) for L in eval_lengths]
-    rows = []
-    for c in comparisons:
-        row = [f"{c['label']} vs {c['baseline']}" + (' (!)' if c.get('unequal_training') else '')]
-        for L in eval_lengths:
-            s = c['p_value'][L]
-            row.append(s['status'] if s['status'] != 'ok' else
-                       f"{s['p']:.3g} (exact {p_text(s['p_exact'])}, Holm {p_text(s['p_holm'])})")
-        rows.append(row)
-    table = format_table(header, rows, markdown)
-    caption = tests_caption([c['p_value'][L] for c in comparisons for L in eval_lengths])
-    if caption:
-        table += '\n\n' + caption
-    if any(c.get('unequal_training') for c in comparisons):
-        table += '\n\n(!) the two models were not trained for as long as each other: ' + '; '.join(
-            f"{c['label']} vs {c['baseline']}: {c['unequal_training']}" for c in comparisons if c.get('unequal_training'))
-    return table
-
-
-def difference_table(comparisons, eval_lengths, markdown=False):
-    """DAPE-X's mean perplexity minus X's, per length, with its 95% confidence interval (Welch-
-    Satterthwaite): negative is DAPE lower."""
-    header = ['DAPE-X minus X'] + [str(L) for L in eval_lengths]
-    rows = [[f"{c['label']} - {c['baseline']}"]
-            + [difference_text(dict(c['p_value'][L], diff=c['p_value'][L].get('mean_diff')), '{:+.3f}')
-               for L in eval_lengths] for c in comparisons]
-    return format_table(header, rows, markdown)
-
-
-def protocol_text(protocol):
-    counts = sorted({d['num_windows'] for d in protocol.get('data', {}).values() if 'num_windows' in d})
-    n = f"{counts[0]} to {counts[-1]} (by validation split)" if len(counts) > 1 else protocol['num_windows']
-    return (f"Perplexity of the last {protocol['eval_tokens']} tokens of each window (whole window through "
-            f"the model), {n} windows per length at the same seeded end positions "
-            f"(seed {protocol['seed']}) for every length and checkpoint. Mean ± sample std over seeds where "
-            f"several runs share a setting.")
-
-
-def write_outputs(out, protocol, runs, groups, comparisons, eval_lengths, make_plot=True, notes=()):
-    os.makedirs(out, exist_ok=True)
-    has_bpb = any(g['bpb'][L]['status'] == 'ok' for g in groups for L in eval_lengths)
-    result = {'protocol': protocol, 'lengths': eval_lengths, 'runs': runs, 'groups': groups,
-              'comparisons': comparisons, 'notes': list(notes)}
-    text = json.dumps(jsonable(result), indent=1, allow_nan=False)  # a bad value raises before a file is touched
-    path = os.path.join(out, 'results.json')
-    with open(path + '.tmp', 'w') as f:  # a failed write leaves the previous results whole
-        f.write(text)
-    os.replace(path + '.tmp', path)
-
-    md = ['# Length extrapolation', '', protocol_text(protocol), '']
-    if notes:
-        md += ['## Notes', ''] + [f"- {n}" for n in notes] + ['']
-    md += ['## Perplexity', '',
-          group_table(groups, 'ppl', eval_lengths, markdown=True), '']
-    if has_bpb:
-        md += ['## Bits per byte', '', group_table(groups, 'bpb', eval_lengths, markdown=True), '']
-    if comparisons:
-        md += ["## DAPE-X vs X: Welch's t-test and the exact permutation test (two-sided p, per-seed perplexities)", '',
-               pvalue_table(comparisons, eval_lengths, markdown=True), '',
-               "## DAPE-X minus X: difference of mean perplexities [95% confidence interval]", '',
-               difference_table(comparisons, eval_lengths, markdown=True), '']
-    md += ['## Runs (perplexity)', '', run_table(runs, eval_lengths, markdown=True), '']
-    with open(os.path.join(out, 'results.md'), 'w') as f:
-        f.write('\n'.join(md))
-
-    with open(os.path.join(out, 'results.csv'), 'w', newline='') as f:
-        w = csv.writer(f)
-        w.writerow(['run', 'model', 'seed', 'metric'] + [str(L) for L in eval_lengths])
-        for r in runs:
-            for metric in ('ppl', 'bpb') if has_bpb else ('ppl',):
-                row = []
-                for L in eval_lengths:
-                    s = r['results'][L]
-                    row.append(s['status'] if s['status'] != 'ok' else
-                               ('' if s[metric] is None else f"{s[metric]:.6g}"))
-                w.writerow([r['path'], r['label'], r['seed'], metric] + row)
-
-    if make_plot:
-        plot_ppl(groups, eval_lengths, protocol, os.path.join(out, 'ppl_vs_length.png'))
-
-
-def curve_colors(n):
-    """n colours that tell n curves apart at a glance: tab20's ten dark shades (tab10's colours), then its
-    light ones (evenly spaced hues would give neighbours two near greens); beyond twenty, such hues."""
-    import matplotlib
-    if n <= 20:
-        tab20 = matplotlib.colormaps['tab20']
-        return [tab20(i) for i in [*range(0, 20, 2), *range(1, 20, 2)][:n]]
-    return [matplotlib.colormaps['hsv'](i / n) for i in range(n)]
-
-
-def ppl_ticks(lo, hi):
-    """Tick values for a log perplexity axis from lo to hi: a narrow range (as in a zoom) gets evenly
-    spaced round numbers, a wide one 1, 2, 5 x 10^k, so that every axis shows a few plain numbers."""
-    from matplotlib.ticker import LogLocator, MaxNLocator
-    if hi / lo < 3:
-        ticks = MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]).tick_values(lo, hi)
-    else:
-        ticks = LogLocator(subs=(1, 2, 5)).tick_values(lo, hi)
-        if sum(lo <= t <= hi for t in ticks) < 3:
-            ticks = LogLocator(subs=(1, 1.5, 2, 3, 4, 5, 6, 8)).tick_values(lo, hi)
-    return [t for t in ticks if lo <= t <= hi]
-
-
-def plot_ppl(groups, eval_lengths, protocol, path):
-    """Figure 2 for these runs: perplexity (log axis) against evaluation length (log2 axis, also as
-    multiples of the training length), one colour per model, mean with a band and error bars of one std
-    where there are several seeds. When some curves rise far above the others (RoPE past its training
-    length), a second panel zooms on those that stay within 2x of the best perplexity, where the
-    differences between similar encodings (X against DAPE-X) are. Returns the figure."""
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
-
-    curves = []  # (label, dape, xs, means, stds)
-    for g in groups:
-        pts = [(L, g['ppl'][L]) for L in eval_lengths if g['ppl'][L]['status'] == 'ok']
-        if pts:
-            curves.append((g['label'] + (f" (n={g['n']})" if g['n'] > 1 else ''), g['model_args'].get('dape', 'none'),
-                           [L for L, _ in pts], [s['mean'] for _, s in pts], [s['std'] or 0.0 for _, s in pts]))
-    best = min((min(m) for *_, m, _ in curves), default=1.0)
-    near = [c for c in curves if max(c[3]) <= 2 * best]
-    panels = [(curves, 'all models')] + ([(near, 'zoom on the models within 2x of the best (same colours)')]
-                                         if 0 < len(near) < len(curves) else [])
-    blocks = sorted({g['block_size'] for g in groups})
-
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8), squeeze=False)
-    # the colour tells the models apart; the line style and marker say which DAPE, if any (X dashed
-    # with circles, DAPE V1 solid with squares, V2 dash-dotted with triangles)
-    color = dict(zip([c[0] for c in curves], curve_colors(len(curves))))
-    styles = {'none': ('--', 'o'), 'v1': ('-', 's'), 'v2': ('-.', '^')}
-    for ax, (shown, title) in zip(axes[0], panels):
-        for label, dape, xs, ys, errs in shown:
-            style, marker = styles.get(dape, ('-', 'D'))
-            ax.plot(xs, ys, linestyle=style, marker=marker, ms=4, color=color[label], label=label)
-            if any(errs):
-                lo_, hi_ = [y - e for y, e in zip(ys, errs)], [y + e for y, e in zip(ys, errs)]
-                ax.fill_between(xs, lo_, hi_, color=color[label], alpha=0.15, linewidth=0)
-                ax.errorbar(xs, ys, yerr=errs, fmt='none', ecolor=color[label], capsize=3)
-        for i, b in enumerate(blocks):
-            ax.axvline(b, color='grey', linestyle=':', linewidth=1.2, label='training length' if i == 0 else None)
-        ax.set_xscale('log', base=2)
-        ax.xaxis.set_major_locator(FixedLocator(eval_lengths))
-        ax.xaxis.set_minor_locator(NullLocator())
-        # one training length: each length is also read as a multiple of it (1x, 2x, ... 16x)
-        ax.set_xticklabels([f"{L}\n{L / blocks[0]:g}x" if len(blocks) == 1 else str(L) for L in eval_lengths],
-                           rotation=0 if len(eval_lengths) < 8 else 45, fontsize=8)
-        ax.set_yscale('log')
-        # (a std as large as the mean would put the axis at or below 0, where a log axis has nothing)
-        values = [v for *_, ys, errs in shown for y, e in zip(ys, errs) for v in (max(y - e, y / 2), y + e)]
-        if values:
-            lo, hi = min(values), max(values)
-            pad = (hi / lo) ** 0.06 if hi > lo else 1.02
-            ax.set_ylim(lo / pad, hi * pad)
-            ax.yaxis.set_major_locator(FixedLocator(ppl_ticks(lo / pad, hi * pad)))
-            ax.yaxis.set_minor_locator(NullLocator())
-            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.set_xlabel('evaluation length (tokens' + (' and multiple of the training length)' if len(blocks) == 1
-                                                     else ')'))
-        ax.set_ylabel('perplexity (log scale)')
-        ax.set_title(title, fontsize=10)
-        ax.grid(True, which='major', alpha=0.3)
-    axes[0][0].legend(fontsize=8)  # the zoom has the same colours; a legend there would hide its curves
-    fig.suptitle(f"Perplexity of the last {protocol['eval_tokens']} tokens vs evaluation length "
-                 f"({protocol['num_windows']} windows per length; lower is better)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return fig
-
-
-# -----------------------------------------------------------------------------
-# how long the compared runs were trained
-
-
-def tokens_seen(ckpt):
-    """Training tokens a checkpoint has seen (iterations x sequences per step x training length), or None
-    for a checkpoint saved without its config."""
-    conf = ckpt.get('config') or {}
-    per_step = [conf.get(k) for k in ('batch_size', 'gradient_accumulation_steps')]
-    if ckpt.get('iter_num') is None or None in per_step:
-        return None
-    return ckpt['iter_num'] * per_step[0] * per_step[1] * ckpt['model_args']['block_size']
-
-
-def per_label(runs, key):
-    """{label: the distinct values of run[key] among its runs}, leaving out None (not recorded)."""
-    out = {}
-    for r in runs:
-        out.setdefault(r['label'], set())
-        if r.get(key) is not None:
-            out[r['label']].add(r[key])
-    return out
-
-
-def unequal_training(runs):
-    """Why these runs (of one or more labels) were not trained for as long as each other, or None:
-    different iterations or tokens seen, or a checkpoint saved before its own max_iters."""
-    why = []
-    for key, what in (('iter_num', 'iterations'), ('tokens_seen', 'tokens seen')):
-        if len(set().union(*per_label(runs, key).values())) > 1:
-            why.append(f"different {what}")
-    if any(r.get('max_iters') is not None and r['iter_num'] is not None and r['iter_num'] < r['max_iters']
-           for r in runs):
-        why.append('stopped before max_iters')
-    return ', '.join(why) or None
-
-
-def training_notes(runs):
-    """Notes on runs that are compared but were not trained alike for as long: the seeds of one label
-    saved at different iterations, labels trained for different iterations or tokens, and checkpoints
-    saved before their own max_iters (an interrupted run, or the best-val-loss checkpoint)."""
-    notes = []
-    iters = per_label(runs, 'iter_num')
-    for lab in iters:
-        saved = [r['iter_num'] for r in runs if r['label'] == lab]
-        if len(set(saved)) > 1:  # seeds of one training, but not all at its end
-            notes.append(f"the runs of {lab} were saved at different iterations {saved}")
-    if len(iters) > 1:
-        for key, what in (('iter_num', 'iterations'), ('tokens_seen', 'tokens')):
-            values = per_label(runs, key)
-            if len(set().union(*values.values())) > 1:
-                listed = ', '.join(f"{lab} {'/'.join(f'{v:,}' for v in sorted(vs)) or '?'}"
-                                   for lab, vs in values.items())
-                notes.append(f"the compared models were trained for different numbers of {what}: {listed}")
-    for r in runs:
-        if r['max_iters'] is not None and r['iter_num'] is not None and r['iter_num'] < r['max_iters']:
-            notes.append(f"{r['name']} ({r['label']}) was saved at iteration {r['iter_num']:,} of its max_iters "
-                         f"{r['max_iters']:,}: an interrupted run, or not its last checkpoint")
-    return notes
-
-
-# -----------------------------------------------------------------------------
+    def parts(label):
+        m = setting_of(by_label[label])['model']
+        which = 'none' if m['dape'] == 'none' else json.dumps([m[k] for k in ('dape', 'dape_variant', 'dape_width',
+                                                                               'dape_kernel')])
+        departs = (None if m['dape_init'] == 'default' else m['dape_init'], m.get('dape.py'))
+        return setting_without(by_label[label]), which, departs
+    return [(by_label[a], by_label[b]) for a, b in explicit or dape_pairs(by_label, parts)]
 
 
 def with_rope_scalings(runs, kinds, cfg):
@@ -856,17 +446,17 @@ def evaluate(cfg, ckpt_paths, command='unknown (eval_extrapolate.evaluate called
         c['unequal_training'] = unequal_training([r for r in runs if r['label'] in (c['label'], c['baseline'])])
     holm_table(comparisons, eval_lengths)
 
-    print('\n' + protocol_text(protocol) + '\n\nperplexity\n' + group_table(groups, 'ppl', eval_lengths))
+    print('\n' + protocol_text(protocol) + '\n\nperplexity\n' + ppl_table(groups, 'ppl', eval_lengths))
     if any(g['bpb'][L]['status'] == 'ok' for g in groups for L in eval_lengths):
-        print('\nbits per byte\n' + group_table(groups, 'bpb', eval_lengths))
+        print('\nbits per byte\n' + ppl_table(groups, 'bpb', eval_lengths))
     if any(g['n'] > 1 for g in groups):
-        print('\nruns\n' + run_table(runs, eval_lengths))
+        print('\nruns\n' + ppl_run_table(runs, eval_lengths))
     if comparisons:
         print("\nDAPE-X vs X, two-sided p: Welch's t-test (exact permutation test, Holm-adjusted)\n"
               + pvalue_table(comparisons, eval_lengths))
         print("\nDAPE-X minus X, difference of mean perplexities [95% confidence interval]\n"
               + difference_table(comparisons, eval_lengths))
-    write_outputs(cfg['out_dir'], protocol, runs, groups, comparisons, eval_lengths, cfg['plot'], notes)
+    write_ppl_results(cfg['out_dir'], protocol, runs, groups, comparisons, eval_lengths, cfg['plot'], notes)
     if cfg['position_loss'] and cfg['plot'] and any(r.get('position_loss') for r in runs):
         plot_loss_by_position(runs, os.path.join(cfg['out_dir'], 'loss_by_position.png'))
     print(f"\nwrote {cfg['out_dir']}/results.json, results.md, results.csv"

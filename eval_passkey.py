@@ -1,7 +1,7 @@
 """
-Passkey retrieval (passkey.py; Mohtashami & Jaggi 2023) of trained checkpoints, per length and depth of
-the key, from the training length up: a clean test of extrapolation for a model that learnt the task at
-its training length (train.py --passkey_frac).
+Passkey retrieval (passkey.py; Mohtashami & Jaggi 2023), the protocol: a model that learnt to retrieve at its
+training length (train.py --passkey_frac) reads prompts of every length from that length up, the key hidden at each
+depth, and is scored on the key's digits; past its training length, retrieval tests extrapolation alone.
 
     python eval_passkey.py out/kerple out/dape_kerple out/rope                     # one table per model
     python eval_passkey.py out/rope --rope_scaling=none,pi,ntk,yarn                 # a row per RoPE scaling
@@ -22,33 +22,23 @@ Protocol:
 - RoPE context extension at evaluation (positional.py, RoPE.set_scaling): `rope_scaling` lists the
   methods (none, pi, ntk, yarn), each a row of its own for every RoPE checkpoint; models without RoPE
   get one row. `rope_scale` is the factor s; 0 takes s = max(1, L / training length) at each length.
-- Seeds: checkpoints that differ only by their seed (as eval_extrapolate.py groups them: same model
-  options, training config and data) form a group, read with the same RoPE scaling. Where a group has
-  several, the tables over seeds give per length the mean of the per-seed figures (each the mean over
-  depths) with the 95% t interval of that mean, of exact match and, the continuous measure that no
-  threshold decides, of the log-likelihood per answer token; and how many seeds learned the task, with
-  the exact binomial interval of that share: exact match of at least `learned_exact`
-  at their training length (the tables state the rule with the day it was set, LEARNED_RULE). A seed that
-  did not says nothing about extrapolation.
+- Seeds: checkpoints that differ only by their seed (as eval_extrapolate.py groups them) form a group, read
+  with the same RoPE scaling. A seed learned the task where its exact match at its training length is at least
+  `learned_exact`; one that did not says nothing about extrapolation. What is made of a group (results.py): per
+  length, the mean over its seeds with the 95% t interval of that mean, of exact match and of the log-likelihood
+  per answer token (the continuous measure that no threshold decides), how many seeds learned, and DAPE-X
+  against X in each measure, over the seeds that learned and over every seed.
 
-Outputs (`out_dir`, default results/passkey/): passkey.json (everything, every sample's key and
-answer), passkey.md (the tables) and passkey_<model>.png (a heat map per row: accuracy, and the
-log-likelihood per token, over length x depth); with several seeds of a setting, the tables over seeds
-in passkey.md and `groups` in passkey.json, and for every DAPE-X beside its X (labels 'dape-kerple' and
-'kerple') the difference of the means per length, of exact match (its 95% t interval cut to the possible
-range, -100 to +100 points) and apart of the log-likelihood per answer token, with Welch's p and the exact
-permutation test's p with its Holm adjustment over that measure's table, over the seeds that learned and
-over every seed (`comparisons`).
+Outputs (`out_dir`, default results/passkey/): passkey.json (everything, every sample's key and answer),
+passkey.md (the tables) and passkey_<model>.png (a heat map per row over length x depth).
 
     python eval_passkey.py --tables_from=docs/results/passkey_cpu.json     # a results page's tables again
     python eval_passkey.py out-passkey/kerple_s6 --save_runs=docs/results/passkey_cpu.json  # a run added to them
     python eval_passkey.py --tables_from=docs/results/passkey_X.json --rounding_from=docs/results/passkey_X_default.json
 
-The last: the same runs trained under two roundings of one machine (ATen's vector kernels, and
-ATEN_CPU_CAPABILITY=default), each file saved by --save_runs: their test-retest (retest_tables), whether a
-run learns retrieval and whether a comparison's conclusion survives a change of rounding alone. With
---tables_from, --figure=PATH.png also draws the tables over seeds against length (plot_groups), a column
-per file (rounding_from's beside).
+The last: the test-retest of the same runs trained twice (under two roundings of one machine, or on two
+machines), each file saved by --save_runs. With --tables_from, --figure=PATH.png also draws the tables over seeds
+against length, a column per file (rounding_from's beside).
 """
 
 import dataclasses
@@ -61,12 +51,13 @@ import time
 
 import numpy as np
 
-from common import (InputError, auto_labels, autocast, checkpoints_and_config, dape_of_run, find_checkpoints, load_run,
-                    load_val, parse_list, pick_device, pick_dtype, resolve_data_dir, rope_scaling_options, setting_of,
-                    trained_by, training_setting)
+from common import (InputError, auto_labels, autocast, checkpoints_and_config, find_checkpoints, load_run, load_val,
+                    parse_list, pick_device, pick_dtype, resolve_data_dir, rope_scaling_options, setting_of, trained_by,
+                    training_setting)
 from results import (MEASURES, SAME_PROTOCOL, compare_groups, comparison_caption, comparison_table, figure_from_files,
                      format_table, group_rows, group_table, group_text, jsonable, learned_text, merge_rows,
-                     passkey_summary_table, read_passkey_results, read_results, retest_tables_from_files, seed_tables)
+                     passkey_summary_table, read_passkey_results, read_results, retest_tables_from_files, seed_tables,
+                     write_json)
 from configurator import ConfigError
 from passkey import DIGITS, chance_logp_per_digit, passkey_prompts, score_prompts, summarize
 from positional import rope_scaling_label, set_rope_scaling
@@ -229,8 +220,7 @@ def evaluate(cfg, ckpt_paths):
                      'block_size': model.config.block_size,
                      'n_positions': model.pe[0].n_positions if model.config.pos == 'learned' else None,
                      'model_args': dataclasses.asdict(model.config), 'training': training_setting(ckpt),
-                     'seed': (ckpt.get('config') or {}).get('seed'), 'trained_by': trained_by(ckpt),
-                     'dape_py': dape_of_run(ckpt)})  # an edited dape.py labels its runs (common.setting_of)
+                     'seed': (ckpt.get('config') or {}).get('seed'), 'trained_by': trained_by(ckpt)})
         sources[(d, tok.name)] = (tok, data)
         del model
     named = [r['name'] for r in runs]
@@ -406,9 +396,8 @@ def write_outputs(cfg, protocol, rows, lens, groups=(), comparisons=()):
         md += [f"## {r['label']}: exact match (log-likelihood per token) per depth", '', model_table(r, lens, True), '']
     with open(os.path.join(out, 'passkey.md'), 'w') as f:
         f.write('\n'.join(md))
-    with open(os.path.join(out, 'passkey.json'), 'w') as f:
-        json.dump(jsonable({'protocol': protocol, 'rows': rows, 'groups': list(groups),
-                            'comparisons': list(comparisons)}), f, indent=1, allow_nan=False)
+    write_json(os.path.join(out, 'passkey.json'), jsonable({'protocol': protocol, 'rows': rows, 'groups': list(groups),
+                                                             'comparisons': list(comparisons)}))
     written = ['passkey.json', 'passkey.md']
     if cfg['plot']:
         for r in rows:

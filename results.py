@@ -2,8 +2,10 @@
 What the evaluation scripts make of their runs (eval_extrapolate.py, eval_passkey.py, che_tasks.py, demo_report.py):
 the statistics over seeds (mean and sample std, Welch's t-test and t interval, cut to the possible range for bounded
 values, the exact permutation test, Holm's adjustment, the exact binomial interval of a count of seeds), the text of
-their tables, and the test-retest of the same runs trained twice (under two roundings, or on two machines).
-Library code: it reads no checkpoint and runs no model.
+their tables, the test-retest of the same runs trained twice (under two roundings, or on two machines), which runs
+a table compares (dape_pairs, one rule for all three scripts), and the results files that runs are merged into
+(merge_rows). Then each script's own tables and figures, a section each. Library code: it reads no checkpoint and
+runs no model.
 """
 
 import csv
@@ -476,6 +478,29 @@ def pearson(x, y):
     return float(np.corrcoef(x, y)[0, 1])
 
 
+def moved(xs, ys, fmt='{:.1f}'):
+    """How a test-retest's figures moved, xs on one side and ys on the other, as its tables write it: [Pearson's r
+    ('n/a' with fewer than 3 pairs, a side that does not vary, or a figure missing), the mean absolute move]."""
+    if not xs or None in list(xs) + list(ys):
+        return ['n/a', 'n/a']
+    r = pearson(xs, ys)
+    return ['n/a' if r is None else f"{r:+.2f}", fmt.format(np.mean(np.abs(np.subtract(xs, ys))))]
+
+
+def learned_cell(flags):
+    """How many seeds learned (their flags), with the exact 95% interval; 'n/a' where one was not evaluated."""
+    return 'n/a' if None in flags else k_of_n_text(sum(flags), len(flags))
+
+
+def changed_sides(flags_a, flags_b):
+    """How many runs learned on one side of a test-retest and not on the other."""
+    return sum(x is not None and y is not None and x != y for x, y in zip(flags_a, flags_b))
+
+
+def yes_no(flag):
+    return 'n/a' if flag is None else 'yes' if flag else 'no'
+
+
 def verdict(c, alpha=ALPHA):
     """A comparison as the pages state it: which side is ahead ('ahead', 'behind', 'level'), with '*' where
     Holm's exact p is below alpha (significance); its status where it has no test."""
@@ -519,7 +544,7 @@ def holds_at(ca, cb, keys, name):
 # which runs a table compares
 
 
-def comparison_pairs(keys, parts):
+def dape_pairs(keys, parts):
     """Which rows a table compares, keys in table order: each DAPE-X against X, its setting without DAPE, and a
     DAPE-X that departs from DAPE as released (f zero at step 0, an edited dape.py) also against the same DAPE-X
     without that departure. parts(key) -> (the setting without DAPE's options, which DAPE ('none' without), a
@@ -534,8 +559,8 @@ def comparison_pairs(keys, parts):
     pairs = []
     for (setting, dape, departs), k in by_parts.items():
         if dape != 'none':
-            bases = [(setting, 'none', (None,) * len(departs))] + [
-                (setting, dape, departs[:i] + (None,) + departs[i + 1:]) for i, d in enumerate(departs) if d is not None]
+            without = [departs[:i] + (None,) + departs[i + 1:] for i, d in enumerate(departs) if d is not None]
+            bases = [(setting, 'none', (None,) * len(departs))] + [(setting, dape, w) for w in without]
             pairs += [(k, by_parts[b]) for b in bases if b in by_parts]
     return pairs
 
@@ -583,9 +608,9 @@ def merge_rows(path, saved, rows, key, group, field='runs'):
         twice = [r for r in kept if key(r) != key(run) and run['seed'] is not None
                  and (group(r), r['seed']) == (group(run), run['seed'])]
         if twice:
-            raise InputError(f"--save_runs: {path} holds {key(twice[0])}, a run of {group(run)} with seed {run['seed']}, "
-                             f"and this saves it again as {key(run)}: save it under the same name, or remove that "
-                             f"run first")
+            raise InputError(f"--save_runs: {path} holds {key(twice[0])}, a run of {group(run)} with seed "
+                             f"{run['seed']}, and this saves it again as {key(run)}: save it under the same name, or "
+                             f"remove that run first")
         same = [i for i, r in enumerate(kept) if key(r) == key(run)]
         if same:
             kept[same[0]] = run
@@ -668,6 +693,31 @@ def parse_pairs(text, labels):
 
 
 
+def group_runs(runs, eval_lengths):
+    """Runs with the same label form a group: per length, mean and sample std of ppl (and bpb) over
+    the runs that have a value (group_over_seeds); a length none of them has keeps the first
+    reason."""
+    def value(metric):
+        def of(run, L):
+            res = run['results'][L]
+            if res['status'] != 'ok':
+                return res['status']
+            return 'n/a: not byte data' if res[metric] is None else res[metric]
+        return of
+    label = lambda r: r['label']
+    ppl, bpb = (group_over_seeds(runs, label, eval_lengths, value(m)) for m in ('ppl', 'bpb'))
+    out = []
+    for gp, gb in zip(ppl, bpb):
+        members = gp['members']
+        out.append({'label': gp['label'], 'runs': [m['path'] for m in members], 'n': len(members),
+                    'seeds': [m['seed'] for m in members], 'model_args': members[0]['model_args'],
+                    'training': members[0].get('training'), 'data_dir': members[0]['data_dir'],
+                    'rope_scaling': members[0].get('rope_scaling', 'none'),  # part of the setting (setting_of)
+                    'dape_py': members[0].get('dape_py'),  # so is an edited dape.py
+                    'block_size': members[0]['model_args']['block_size'], 'ppl': gp['stats'], 'bpb': gb['stats']})
+    return out
+
+
 def compare(dape_group, base_group, eval_lengths):
     """Per length: DAPE-X's mean perplexity minus X's with its 95% confidence interval, Welch's t-test and
     the exact permutation test of the per-seed perplexities (compare_means; holm_table adds the
@@ -678,13 +728,10 @@ def compare(dape_group, base_group, eval_lengths):
         if a['status'] != 'ok' or b['status'] != 'ok':
             out['p_value'][L] = {'status': a['status'] if a['status'] != 'ok' else b['status']}
             continue
-        c = compare_means(a['values'], b['values'])
-        if c['status'] != 'ok':
-            out['p_value'][L] = {'status': 'n/a: 1 seed' if min(a['n'], b['n']) < 2 else 'n/a: zero variance'}
-            continue
-        out['p_value'][L] = {'status': 'ok', 'p': c['p'], 't': c['t'], 'df': c['df'], 'mean_diff': c['diff'],
-                             'ci': c['ci'], 'p_exact': c['p_exact'], 'p_min': c['p_min'], 'exact': c['exact'],
-                             'n_a': c['n_a'], 'n_b': c['n_b']}
+        c = compare_means(a['values'], b['values'])  # ('n/a: 1 seed', 'n/a: zero variance' where it has no test)
+        ok = c['status'] == 'ok'
+        kept = ('status', 'p', 't', 'df', 'ci', 'p_exact', 'p_min', 'exact', 'n_a', 'n_b') if ok else ('status',)
+        out['p_value'][L] = dict({k: c[k] for k in kept}, **({'mean_diff': c['diff']} if ok else {}))
     return out
 
 
@@ -767,11 +814,7 @@ def write_ppl_results(out, protocol, runs, groups, comparisons, eval_lengths, ma
     has_bpb = any(g['bpb'][L]['status'] == 'ok' for g in groups for L in eval_lengths)
     result = {'protocol': protocol, 'lengths': eval_lengths, 'runs': runs, 'groups': groups,
               'comparisons': comparisons, 'notes': list(notes)}
-    text = json.dumps(jsonable(result), indent=1, allow_nan=False)  # a bad value raises before a file is touched
-    path = os.path.join(out, 'results.json')
-    with open(path + '.tmp', 'w') as f:  # a failed write leaves the previous results whole
-        f.write(text)
-    os.replace(path + '.tmp', path)
+    write_json(os.path.join(out, 'results.json'), jsonable(result))  # (jsonable refuses a NaN before a file is touched)
 
     md = ['# Length extrapolation', '', protocol_text(protocol), '']
     if notes:
@@ -1086,12 +1129,8 @@ def max_mean_text(cell, key, several, variant=None):
 
 
 def paper_table(tasks):
-    labels = [encoding_label(p, d) for p, d in PAPER_TABLE2_COLUMNS]
-    lines = ['| Task | ' + ' | '.join(labels) + ' |', '| --- |' + ' --- |' * len(labels)]
-    for t in tasks:
-        if t in PAPER_TABLE2:
-            lines.append(f'| {t} | ' + ' | '.join(f'{v:.2f}' for v in PAPER_TABLE2[t]) + ' |')
-    return '\n'.join(lines)
+    return format_table(['Task'] + [encoding_label(p, d) for p, d in PAPER_TABLE2_COLUMNS],
+                        [[t] + [f'{v:.2f}' for v in PAPER_TABLE2[t]] for t in tasks if t in PAPER_TABLE2], True)
 
 
 def summary_table(cells, tasks, columns):
@@ -1151,7 +1190,7 @@ def parse_learning_rates(cfg):
 
 
 def dape_parts(key):
-    """A row key (task, pos, dape, lr) as comparison_pairs reads it: 'v1:zero' is V1 with f zero at step 0."""
+    """A row key (task, pos, dape, lr) as dape_pairs reads it: 'v1:zero' is V1 with f zero at step 0."""
     t, p, d, lr = key
     version, _, init = d.partition(':')
     return (t, p, lr), version, (init or None,)
@@ -1217,12 +1256,12 @@ def _compare_shares(a, b, threshold):
 
 
 def seed_comparisons(rows):
-    """The comparisons of the tables over seeds, rows from seed_rows: for each pair of comparison_pairs,
+    """The comparisons of the tables over seeds, rows from seed_rows: for each pair of dape_pairs,
     [OOD over the seeds that learned, OOD over every seed, ID over every seed, the share of seeds that learned]
     (compare_means), with Holm's adjustment over all of them (one table). -> [(key, base key, [four comparisons])]."""
     by_key = {(t, p, d, lr): (runs, threshold) for t, p, d, lr, runs, threshold in rows}
     out = []
-    for key, base_key in comparison_pairs(by_key, dape_parts):
+    for key, base_key in dape_pairs(by_key, dape_parts):
         (runs, threshold), (base, _) = by_key[key], by_key[base_key]
         ood = lambda rs, only_learned: [r['score'] for r in rs if is_learned(r, threshold) or not only_learned]
         out.append((key, base_key, [_compare(ood(runs, True), ood(base, True)), _compare(ood(runs, False), ood(base, False)),
@@ -1306,13 +1345,13 @@ def per_length(run):
 
 
 def length_comparisons(rows):
-    """DAPE-X against X (comparison_pairs) at every test length, over every seed that has the length (no
+    """DAPE-X against X (dape_pairs) at every test length, over every seed that has the length (no
     threshold: a seed that did not learn is scored like any other), with Holm's adjustment over all of them
     (one table). -> ([(key, base key, {N: compare_means})], the lengths)."""
     curves = {(t, p, d, lr): [per_length(r) for r in runs] for t, p, d, lr, runs, _ in rows}
     lengths = sorted({N for cs in curves.values() for c in cs for N in c})
     out = []
-    for key, base_key in comparison_pairs(curves, dape_parts):
+    for key, base_key in dape_pairs(curves, dape_parts):
         at = lambda cs, N: [c[N] for c in cs if N in c]
         out.append((key, base_key, {N: _compare(at(curves[key], N), at(curves[base_key], N)) for N in lengths}))
     holm_over([c for *_, cs in out for c in cs.values()])
@@ -1447,9 +1486,6 @@ def retest_tables(cells_a, cells_b, tasks, columns, cfg):
                 for x, y in zip(ra, rb)]
     a_name, b_name, how = retest_sides(machines)
     fig = lambda v: 'n/s' if v is None else f"{v:.1f}"
-    r_text = lambda r: 'n/a' if r is None else f"{r:+.2f}"
-    move = lambda xs, ys: (f"{np.mean([abs(x - y) for x, y in zip(xs, ys)]):.1f}"
-                           if xs and None not in xs + ys else 'n/a')
     summary = [f"| Task | Encoding | seeds | learned, {a_name} | learned, {b_name} | changed sides | ID r | ID mean move | "
                f"OOD r | OOD mean move | per-length r | per-length mean move |", '|' + ' --- |' * 12]
     per_run = [f"| Task | Encoding | seed | learned, {a_name} / {b_name} | ID, {a_name} / {b_name} | "
@@ -1462,25 +1498,22 @@ def retest_tables(cells_a, cells_b, tasks, columns, cfg):
         curves = [(per_length(x), per_length(y)) for x, y in zip(ra, rb)]  # each run's, under each rounding
         pairs = [(px[N], py[N]) for px, py in curves for N in sorted(px.keys() & py.keys())]
         lens = [a for a, _ in pairs], [b for _, b in pairs]
-        flips = sum(x != y for x, y in zip(la, lb))
+        flips = changed_sides(la, lb)
         for name, (xs, ys) in (('id', ids), ('ood', oods), ('len', lens)):
             if None not in xs + ys:
                 pooled[name][0].extend(xs), pooled[name][1].extend(ys)
         pooled['flips'] += flips
         pooled['n'] += len(ra)
-        summary.append(f"| {t} | {encoding_label(p, d)} | {len(ra)} | {k_of_n_text(sum(la), len(la))} | "
-                       f"{k_of_n_text(sum(lb), len(lb))} | {flips} | {r_text(pearson(*ids) if None not in ids[0] + ids[1] else None)} | "
-                       f"{move(*ids)} | {r_text(pearson(*oods) if None not in oods[0] + oods[1] else None)} | {move(*oods)} | "
-                       f"{r_text(pearson(*lens))} | {move(*lens)} |")
+        summary.append(f"| {t} | {encoding_label(p, d)} | {len(ra)} | {learned_cell(la)} | {learned_cell(lb)} | {flips} | "
+                       + ' | '.join(moved(*ids) + moved(*oods) + moved(*lens)) + ' |')
         for x, y, lx, ly, (px, py) in zip(ra, rb, la, lb, curves):
             both = sorted(px.keys() & py.keys())
             longest = (f"{fig(px[both[-1]])} / {fig(py[both[-1]])} (N={both[-1]})" if both else 'n/a')
-            per_run.append(f"| {t} | {encoding_label(p, d)} | {x['seed']} | {'yes' if lx else 'no'} / {'yes' if ly else 'no'} | "
+            per_run.append(f"| {t} | {encoding_label(p, d)} | {x['seed']} | {yes_no(lx)} / {yes_no(ly)} | "
                            f"{fig(x['id_score'])} / {fig(y['id_score'])} | {fig(x['score'])} / {fig(y['score'])} | "
-                           f"{longest} | {r_text(pearson([px[N] for N in both], [py[N] for N in both]))} |")
-    summary.append(f"| all | all | {pooled['n']} | | | {pooled['flips']} | {r_text(pearson(*pooled['id']))} | "
-                   f"{move(*pooled['id'])} | {r_text(pearson(*pooled['ood']))} | {move(*pooled['ood'])} | "
-                   f"{r_text(pearson(*pooled['len']))} | {move(*pooled['len'])} |")
+                           f"{longest} | {moved([px[N] for N in both], [py[N] for N in both])[0]} |")
+    summary.append(f"| all | all | {pooled['n']} | | | {pooled['flips']} | "
+                   + ' | '.join(moved(*pooled['id']) + moved(*pooled['ood']) + moved(*pooled['len'])) + ' |')
     # the comparisons, each computed under each rounding as its own table computes it (Holm over that table)
     sa, sb = seed_comparisons(rows_a), seed_comparisons(rows_b)
     checks = [f"| Task | Comparison | measure | {a_name}: difference, Holm p | {b_name}: difference, Holm p | holds under both |",
@@ -1500,7 +1533,7 @@ def retest_tables(cells_a, cells_b, tasks, columns, cfg):
             held, total = held + bool(ok), total + (ok is not None)
             texts = ([cell(x), cell(y)] if i < 3 else [shares(by_key_a, k, base, x), shares(by_key_b, k, base, y)])
             checks.append(f"| {k[0]} | {name} | {what} | {texts[0]} ({verdict(x)}) | {texts[1]} ({verdict(y)}) | "
-                          f"{'n/a' if ok is None else 'yes' if ok else 'no'} |")
+                          f"{yes_no(ok)} |")
     for t in tasks:
         la_rows, lb_rows = [r for r in rows_a if r[0] == t], [r for r in rows_b if r[0] == t]
         (ca_all, lengths_a), (cb_all, lengths_b) = length_comparisons(la_rows), length_comparisons(lb_rows)
@@ -1703,7 +1736,7 @@ def group_rows(rows, lens, learned_exact):
 
 
 def label_parts(label):
-    """A passkey table's setting label as comparison_pairs reads it: 'dape-kerple-zero' is DAPE V1 ('dape') on
+    """A passkey table's setting label as dape_pairs reads it: 'dape-kerple-zero' is DAPE V1 ('dape') on
     'kerple' with f zero at step 0 (common.base_label spells the settings so)."""
     if not label.startswith(('dape-', 'dapev2-')):
         return label, 'none', (None,)
@@ -1721,7 +1754,7 @@ def compare_groups(groups, lens, metric='accuracy'):
     exact match learned_share: the share of seeds that learned, by compare_means of each seed's 1 or 0}]."""
     out = []
     by_label = {g['label']: g for g in groups}
-    for a, b in ((by_label[x], by_label[y]) for x, y in comparison_pairs(by_label, label_parts)):
+    for a, b in ((by_label[x], by_label[y]) for x, y in dape_pairs(by_label, label_parts)):
         ma, mb = a['measures'][metric], b['measures'][metric]
         c = {'label': a['label'], 'baseline': b['label'], 'metric': metric,
              'learned': [ma['learned'], ma['n'], mb['learned'], mb['n']], 'learned_seeds': {}, 'all_seeds': {}}
@@ -1879,11 +1912,6 @@ def passkey_retest_tables(protocol, rows_a, rows_b, lens):
     ra, rb = [by_a[k] for k in both], [by_b[k] for k in both]
     ga, gb = group_rows(ra, lens, protocol['learned_exact']), group_rows(rb, lens, protocol['learned_exact'])
     a_name, b_name, how = retest_sides([(x.get('machine'), y.get('machine')) for x, y in zip(ra, rb)])
-    r_text = lambda r: 'n/a' if r is None else f"{r:+.2f}"
-    move = lambda xs, ys, fmt: fmt.format(np.mean(np.abs(np.subtract(xs, ys)))) if xs else 'n/a'
-    learned = lambda g: 'n/a' if g['learned'] is None else k_of_n_text(g['learned'], g['n'])
-    yes = lambda f: 'n/a' if f is None else 'yes' if f else 'no'
-    changed = lambda fa, fb: sum(x is not None and y is not None and x != y for x, y in zip(fa, fb))
 
     def figures(runs_a, runs_b):
         """The cells of table 1 after the learned ones: r and mean move of exact match (points) and log-likelihood."""
@@ -1891,15 +1919,15 @@ def passkey_retest_tables(protocol, rows_a, rows_b, lens):
         for metric, scale, fmt in (('accuracy', 100, '{:.1f}'), ('logp_mean', 1, '{:.3f}')):
             pairs = [_paired_figures(x, y, lens, metric) for x, y in zip(runs_a, runs_b)]
             xs, ys = [scale * v for p in pairs for v in p[0]], [scale * v for p in pairs for v in p[1]]
-            cells += [r_text(pearson(xs, ys)), move(xs, ys, fmt)]
+            cells += moved(xs, ys, fmt)
         return cells
 
     summary, per_run, flips = [], [], 0
     for g, h in zip(ga, gb):
         runs_a, runs_b = [by_a[(g['label'], s)] for s in g['seeds']], [by_b[(g['label'], s)] for s in g['seeds']]
-        f = changed(g['learned_seeds'], h['learned_seeds'])
+        f = changed_sides(g['learned_seeds'], h['learned_seeds'])
         flips += f
-        summary.append([g['label'], ','.join(map(str, g['seeds'])), learned(g), learned(h), str(f)]
+        summary.append([g['label'], ','.join(map(str, g['seeds'])), learned_cell(g['learned_seeds']), learned_cell(h['learned_seeds']), str(f)]
                        + figures(runs_a, runs_b))
         for x, y, fx, fy in zip(runs_a, runs_b, g['learned_seeds'], h['learned_seeds']):
             pct = lambda r, L: (f"{100 * r['per_length'][L]['accuracy']:.0f}%"
@@ -1907,7 +1935,7 @@ def passkey_retest_tables(protocol, rows_a, rows_b, lens):
             at = [L for L in lens if isinstance(x['per_length'].get(L), dict) and isinstance(y['per_length'].get(L), dict)]
             longest = max(at, default=None)
             lp = lambda r: f"{r['per_length'][longest]['logp_mean']:.3f}" if 'logp_mean' in r['per_length'][longest] else 'n/a'
-            per_run.append([g['label'], str(x['seed']), f"{yes(fx)} / {yes(fy)}",
+            per_run.append([g['label'], str(x['seed']), f"{yes_no(fx)} / {yes_no(fy)}",
                             f"{pct(x, x['block_size'])} / {pct(y, y['block_size'])}",
                             'n/a' if longest is None else f"{pct(x, longest)} / {pct(y, longest)} (L={longest})",
                             'n/a' if longest is None else f"{lp(x)} / {lp(y)} (L={longest})"])
@@ -1926,7 +1954,7 @@ def passkey_retest_tables(protocol, rows_a, rows_b, lens):
                 same = holds(ca['learned_share'], cb['learned_share'])
                 held['all'], total['all'] = held['all'] + bool(same), total['all'] + (same is not None)
                 shares.append([f"{ca['label']} - {ca['baseline']}"] + [share_text(c) for c in (ca, cb)]
-                              + ['n/a' if same is None else 'yes' if same else 'no'])
+                              + [yes_no(same)])
     seeds = sorted({r['seed'] for r in ra}, key=lambda s: (s is None, s or 0))
     text = [format_table(['model', 'seeds', f"learned, {a_name}", f"learned, {b_name}", 'changed sides', 'exact match r',
                           'exact match mean move', 'log-likelihood r', 'log-likelihood mean move'], summary, True),

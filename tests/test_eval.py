@@ -369,10 +369,10 @@ def cielab(rgb):
 def test_curve_colours_look_different_up_to_twenty_curves():
     # the demo plots 11 models: evenly spaced hues gave two greens 12.8 apart (CIE76), mistaken for each other
     for n in range(1, 21):
-        lab = [cielab(c) for c in E.curve_colors(n)]
+        lab = [cielab(c) for c in results.curve_colors(n)]
         gap = min((np.linalg.norm(a - b) for i, a in enumerate(lab) for b in lab[i + 1:]), default=np.inf)
         assert gap > 15, (n, gap)
-    assert len({tuple(c) for c in E.curve_colors(30)}) == 30  # beyond twenty: distinct hues
+    assert len({tuple(c) for c in results.curve_colors(30)}) == 30  # beyond twenty: distinct hues
 
 
 def test_plot_tells_every_curve_apart(tmp_path):
@@ -386,7 +386,7 @@ def test_plot_tells_every_curve_apart(tmp_path):
               ('alibi', 'v1'): [[6.10, 6.12, 6.08, 6.07, 6.07]],
               ('rope', 'none'): [[5.65, 6.05, 7.77, 15.01, 23.96]]}
     path = str(tmp_path / 'ppl.png')
-    fig = E.plot_ppl(plot_groups(curves, lengths), lengths, {'eval_tokens': 256, 'num_windows': 16}, path)
+    fig = results.plot_ppl(plot_groups(curves, lengths), lengths, {'eval_tokens': 256, 'num_windows': 16}, path)
     with open(path, 'rb') as f:
         assert f.read(8) == b'\x89PNG\r\n\x1a\n'
     full, zoom = fig.axes  # RoPE rises past 2x of the best: a second panel zooms on the others
@@ -405,7 +405,7 @@ def test_plot_tells_every_curve_apart(tmp_path):
 
     # all curves within 2x of the best: one panel, still log, still one colour each
     close = {k: v for k, v in curves.items() if k[0] != 'rope'}
-    fig = E.plot_ppl(plot_groups(close, lengths), lengths, {'eval_tokens': 256, 'num_windows': 16}, path)
+    fig = results.plot_ppl(plot_groups(close, lengths), lengths, {'eval_tokens': 256, 'num_windows': 16}, path)
     assert len(fig.axes) == 1 and fig.axes[0].get_yscale() == 'log'
     assert len({ln.get_color() for ln in fig.axes[0].get_lines() if not ln.get_label().startswith('_')}) == 6
 
@@ -503,9 +503,9 @@ def test_zero_init_is_compared_with_its_encoding_and_with_the_default_init():
               group('dape-alibi-zero', pos='alibi', dape='v1', dape_init='zero')]
     pairs = [(a['label'], b['label']) for a, b in E.comparison_pairs(groups)]
     # V2 as V1: its f zero at step 0 against its default init too
-    assert pairs == [('dape-kerple', 'kerple'), ('dape-kerple-zero', 'kerple'), ('dapev2-kerple-zero', 'kerple'),
-                     ('dapev2-kerple', 'kerple'), ('dape-kerple-zero', 'dape-kerple'),
-                     ('dapev2-kerple-zero', 'dapev2-kerple')]
+    assert pairs == [('dape-kerple', 'kerple'), ('dape-kerple-zero', 'kerple'), ('dape-kerple-zero', 'dape-kerple'),
+                     ('dapev2-kerple-zero', 'kerple'), ('dapev2-kerple-zero', 'dapev2-kerple'),
+                     ('dapev2-kerple', 'kerple')]
 
 
 def test_dape_rope_is_compared_with_rope_read_the_same_way():
@@ -539,7 +539,7 @@ def test_pairs_checked_before_evaluation(tmp_path, monkeypatch):
                          ('dape-kerple:', 'not'), ('kerple:kerple', 'itself')):
             with pytest.raises(InputError, match=msg):
                 E.evaluate(cfg(lengths='16', pairs=bad), runs)
-    assert E.split_pairs('a[x=1,y=2]:b, c:d,') == ['a[x=1,y=2]:b', 'c:d']
+    assert results.split_pairs('a[x=1,y=2]:b, c:d,') == ['a[x=1,y=2]:b', 'c:d']
     res = E.evaluate(cfg(out_dir=str(tmp_path / 'r'), lengths='16', pairs='kerple:dape-kerple'), runs)
     assert [(c['label'], c['baseline']) for c in res['comparisons']] == [('kerple', 'dape-kerple')]
 
@@ -777,5 +777,5 @@ def test_a_failed_write_leaves_the_previous_results_whole(tmp_path):
     opened: the results already there survive whole."""
     (tmp_path / 'results.json').write_text('{"kept": true}')
     with pytest.raises(ValueError, match='non-finite'):
-        E.write_outputs(str(tmp_path), {'ppl': float('nan')}, [], [], [], [16], make_plot=False)
+        results.write_ppl_results(str(tmp_path), {'ppl': float('nan')}, [], [], [], [16], make_plot=False)
     assert json.loads((tmp_path / 'results.json').read_text()) == {'kept': True}

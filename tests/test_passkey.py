@@ -740,7 +740,7 @@ def test_zero_init_is_compared_with_its_encoding_and_with_the_default_init():
     """'dape-kerple-zero' (dape_init zero: common.base_label) against 'kerple' and against 'dape-kerple'."""
     import results
     labels = ('kerple', 'dape-kerple', 'dape-kerple-zero', 'dapev2-kerple', 'dape-path-zero')
-    pairs = results.comparison_pairs(labels, results.label_parts)
+    pairs = results.dape_pairs(labels, results.label_parts)
     assert pairs == [('dape-kerple', 'kerple'), ('dape-kerple-zero', 'kerple'), ('dape-kerple-zero', 'dape-kerple'),
                      ('dapev2-kerple', 'kerple')]
 

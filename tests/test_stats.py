@@ -435,3 +435,16 @@ def test_verdict_counts_and_where_conclusions_hold():
     ca, cb = {41: a, 51: b, 61: none, 71: c}, {41: a, 51: a, 61: a, 71: c}
     assert results.holds_at(ca, cb, [41, 51, 61, 71], 'N') == ('at 2 of 3; not at N=51', 2, 3)
     assert results.holds_at({41: none}, {41: a}, [41], 'L') == ('n/a', 0, 0)
+
+
+def test_dape_pairs_sets_each_departure_against_the_same_dape_without_it():
+    """The one rule of every script's comparisons: DAPE-X against X; a DAPE-X that departs from DAPE as released
+    (f zero at step 0, an edited dape.py) also against the same DAPE-X without each departure, one at a time, in
+    the order of the keys; another setting is never a baseline, and two keys of one setting are refused."""
+    x, d = ('s', 'none', (None, None)), ('s', 'v1', (None, None))
+    zero, edit, both = ('s', 'v1', ('zero', None)), ('s', 'v1', (None, 'f00')), ('s', 'v1', ('zero', 'f00'))
+    other = ('t', 'v1', ('zero', None))  # trained otherwise: no X, no default init of its own here
+    assert results.dape_pairs([x, d, zero, edit, both, other], lambda k: k) == [
+        (d, x), (zero, x), (zero, d), (edit, x), (edit, d), (both, x), (both, edit), (both, zero)]
+    with pytest.raises(results.InputError, match="'a' and 'b' have the same setting"):
+        results.dape_pairs(['a', 'b'], lambda k: ('s', 'none', (None,)))
