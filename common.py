@@ -15,6 +15,7 @@ The one device and dtype rule (train.py, eval_extrapolate.py, sample.py, visuali
   less precise, so 'auto' stays in float32 there; an explicit dtype is honoured on any device.
 """
 
+import ast
 import datetime
 import functools
 import hashlib
@@ -150,22 +151,35 @@ def dape_here():
         return f.read()
 
 
+@functools.lru_cache(maxsize=16)
+def code_of(source):
+    """A dape.py's code without its comments and docstrings (fingerprint.py's canonical syntax tree): two texts
+    that differ only there define the same f, and a comment edit is no ablation."""
+    import fingerprint
+    return fingerprint.canonical(fingerprint.without_docstrings(ast.parse(source)))
+
+
 def dape_record():
-    """What train.py saves with every checkpoint of the dape.py here: {'sha256' of its text, 'edited': whether it
-    differs from the committed one (git show HEAD:./dape.py; None outside a git checkout), 'source': the text
-    itself (a few kB), from which load_checkpoint builds the model again wherever dape.py has changed since}."""
+    """What train.py saves with every checkpoint of the dape.py here: {'sha256' of its text, 'edited': whether its
+    code differs from the committed one's (git show HEAD:./dape.py; comments and docstrings aside; None outside a
+    git checkout), 'source': the text itself (a few kB), from which load_checkpoint builds the model again
+    wherever dape.py has changed since}."""
     source = dape_here()
     try:
         out = subprocess.run(['git', 'show', 'HEAD:./dape.py'], cwd=ROOT, capture_output=True, timeout=30)
         committed = out.stdout.decode('utf-8') if out.returncode == 0 else None
     except (OSError, subprocess.TimeoutExpired, UnicodeDecodeError):
         committed = None
-    return {'sha256': sha256(source), 'edited': None if committed is None else source != committed, 'source': source}
+    try:
+        edited = None if committed is None else code_of(source) != code_of(committed)
+    except SyntaxError:  # a committed dape.py that does not parse: not the code that runs
+        edited = True
+    return {'sha256': sha256(source), 'edited': edited, 'source': source}
 
 
 def dape_module(record, where):
-    """The module whose DAPEV1 and DAPEV2 build a checkpoint's model, from its dape_record: the dape.py here
-    where the record is of the same text (or absent: a checkpoint older than the record), else the recorded
+    """The module whose DAPEV1 and DAPEV2 build a checkpoint's model, from its dape_record: the dape.py here where
+    the record's code is the same (code_of) or there is no record (a checkpoint older than it), else the recorded
     source as a module of its own. Its file name is registered in linecache, so that inspect and the syntax
     trees of fingerprint.py read its code, and dape_paths.py decides by that code which path runs it (the fast
     ones where it is the definition they implement). Says once per definition that it is used, and why."""
@@ -178,6 +192,9 @@ def dape_module(record, where):
     if not isinstance(source, str) or sha256(source) != sha:
         raise ValueError(f"{where}: its record of dape.py is damaged (the source does not have the recorded "
                          f"sha256 {sha[:12]}): the model it was trained with cannot be built; retrain it")
+    if code_of(source) == code_of(dape_here()):
+        _RECORDED[sha] = dape
+        return dape
     name, filename = f"dape_{sha[:12]}", f"<dape.py {sha[:12]}, recorded in a checkpoint>"
     module = types.ModuleType(name, "dape.py as a checkpoint recorded it (common.dape_module)")
     module.__file__ = filename
@@ -199,12 +216,12 @@ def dape_module(record, where):
 def dape_of_run(ckpt):
     """What results files record of a checkpoint's dape.py: {'sha256', 'edited', 'tag'}, or None for a checkpoint
     older than the record. 'tag', the sha256's first 7 hex digits (sha256sum dape.py), labels a DAPE model
-    trained with a dape.py that is not the committed one (an edit, or a copy of unknown origin that is not the
+    trained with a dape.py whose code is not the committed one's (an edit; outside git, code other than the
     dape.py here), so that an ablation's runs never group with their baseline's; None otherwise."""
     record = ckpt.get('dape_py')
     if not record:
         return None
-    other = record['edited'] or (record['edited'] is None and record['sha256'] != sha256(dape_here()))
+    other = record['edited'] or (record['edited'] is None and code_of(record.get('source', '')) != code_of(dape_here()))
     has_f = (ckpt.get('model_args') or {}).get('dape', 'none') != 'none'
     return {'sha256': record['sha256'], 'edited': record['edited'],
             'tag': record['sha256'][:7] if has_f and other else None}

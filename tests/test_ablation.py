@@ -116,7 +116,8 @@ def test_an_ablation_and_its_baseline_in_one_table(tmp_path):
 def test_a_recorded_dape_py_builds_the_model_and_its_code_is_readable(tmp_path, capsys):
     """A checkpoint's recorded dape.py, other than the one here, builds its model (once per definition, said
     once); inspect reads that module's source (what fingerprint.py and dape_paths.py decide by); a checkpoint
-    older than the record, or one whose record is the dape.py here, builds with dape.py."""
+    older than the record, or one whose record is the dape.py here or differs from it in comments alone, builds
+    with dape.py."""
     here = common.dape_here()
     edited = here.replace(ACTIVATION, "nn.SiLU(),")
     config = GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=2, n_embd=8, pos='kerple', dape='v1')
@@ -130,9 +131,12 @@ def test_a_recorded_dape_py_builds_the_model_and_its_code_is_readable(tmp_path, 
     assert "was trained with another dape.py than this one (an uncommitted edit" in capsys.readouterr().out
     again, _ = common.load_checkpoint(path)
     assert type(again.transformer.h[0].attn.dape) is type(f) and capsys.readouterr().out == ''
-    for record in (None, {'sha256': common.sha256(here), 'edited': False, 'source': here}):
+    commented = here + "\n# a comment\n"  # the same code: dape.py's module, and no note
+    for record in (None, {'sha256': common.sha256(here), 'edited': False, 'source': here},
+                   {'sha256': common.sha256(commented), 'edited': True, 'source': commented}):
         torch.save({'model': GPT(config).state_dict(), 'model_args': vars(config).copy(), 'dape_py': record}, path)
         assert type(common.load_checkpoint(path)[0].transformer.h[0].attn.dape) is dape.DAPEV1
+    assert capsys.readouterr().out == ''
 
 
 def test_a_damaged_record_is_refused(tmp_path):
@@ -145,15 +149,18 @@ def test_a_damaged_record_is_refused(tmp_path):
 
 
 def test_which_runs_are_labelled_by_their_dape_py():
-    """The short hash labels a DAPE model trained with an edited dape.py, or outside git with one other than the
-    dape.py here; not the committed dape.py, nor a model without DAPE, nor a checkpoint older than the record."""
-    here, other = common.sha256(common.dape_here()), '1234567' + '0' * 57
+    """The short hash labels a DAPE model trained with an edited dape.py, or outside git with code other than the
+    dape.py here; not the committed dape.py, nor one edited in a comment alone, nor a model without DAPE, nor a
+    checkpoint older than the record."""
+    here = common.dape_here()
+    edited, commented = here.replace(ACTIVATION, "nn.SiLU(),"), here + "\n# a comment\n"
 
-    def tag(edited, sha, dape='v1'):
-        run = common.dape_of_run({'model_args': {'dape': dape}, 'dape_py': {'sha256': sha, 'edited': edited}})
-        return run['tag']
-    assert tag(True, other) == '1234567' and tag(None, other) == '1234567'
-    assert tag(False, other) is None and tag(None, here) is None and tag(True, other, dape='none') is None
+    def tag(was_edited, source, dape='v1'):
+        record = {'sha256': common.sha256(source), 'edited': was_edited, 'source': source}
+        return common.dape_of_run({'model_args': {'dape': dape}, 'dape_py': record})['tag']
+    assert tag(True, edited) == tag(None, edited) == common.sha256(edited)[:7]
+    assert tag(False, edited) is None and tag(None, here) is None and tag(None, commented) is None
+    assert tag(True, edited, dape='none') is None
     assert common.dape_of_run({'model_args': {'dape': 'v1'}}) is None
 
 
@@ -166,3 +173,13 @@ def test_an_ablation_is_compared_with_its_baseline_and_with_x():
     pairs = [(a['label'], b['label']) for a, b in E.comparison_pairs([x, base, ablation])]
     assert sorted(pairs) == [('dape-kerple', 'kerple'), ('dape-kerple[dape.py=abc]', 'dape-kerple'),
                              ('dape-kerple[dape.py=abc]', 'kerple')]
+
+
+def test_the_record_says_whether_the_code_differs_from_the_commit(monkeypatch):
+    """'edited' compares the code with the committed dape.py's: a comment is no edit, an activation swapped is."""
+    out = subprocess.run(['git', 'show', 'HEAD:./dape.py'], cwd=ROOT, capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip("not a git checkout: there is no committed dape.py to compare with")
+    for text, edited in ((out.stdout + "\n# a comment\n", False), (out.stdout.replace(ACTIVATION, "nn.SiLU(),"), True)):
+        monkeypatch.setattr(common, 'dape_here', lambda: text)
+        assert common.dape_record() == {'sha256': common.sha256(text), 'edited': edited, 'source': text}
