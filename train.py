@@ -408,9 +408,10 @@ def train(config=None, command='unknown (train.train called in a process of its 
     # with it again, wherever dape.py has changed since; a resumed run continues with its own
     dape_py = (small.get('dape_py') if cfg.init_from == 'resume' else None) or dape_record()
     try:
-        model = GPT(gptconf, dape=dape_module(dape_py if gptconf.dape != 'none' else None, ckpt_path))
+        f_module = dape_module(dape_py if gptconf.dape != 'none' else None, ckpt_path)
     except ValueError as e:  # a damaged record, or one that does not run here
         raise CheckpointError(f"{e}. It cannot be resumed and was left as it is") from None
+    model = GPT(gptconf, dape=f_module)
     if cfg.init_from == 'resume' and master:  # weights that do not fit (a file edited or mixed up): named, not loaded
         try:
             check_weights(ckpt_path, ckpt['model'], model)

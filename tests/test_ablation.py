@@ -18,6 +18,7 @@ import torch
 import common
 import dape
 import eval_extrapolate as E
+import train
 from model import GPT, GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,6 +27,17 @@ TRAIN = dict(dataset='tiny', block_size=16, n_layer=1, n_head=2, n_embd=16, pos=
              dape_width=8, batch_size=4, gradient_accumulation_steps=1, max_iters=4, eval_interval=4, eval_iters=1,
              log_interval=100, learning_rate=3e-3, warmup_iters=0, lr_decay_iters=4, device='cpu')
 EVAL = ['--lengths=16,32', '--eval_tokens=8', '--num_windows=4', '--plot=False', '--device=cpu']
+
+
+def make_data(root):
+    """A repeated random pattern as root/tiny/, in the format of data/*/prepare.py."""
+    (root / 'tiny').mkdir(parents=True)
+    ids = np.resize(np.random.default_rng(0).integers(0, 64, size=37), 3000).astype(np.uint8)
+    ids.tofile(root / 'tiny' / 'train.bin')
+    ids[:1200].tofile(root / 'tiny' / 'val.bin')
+    (root / 'tiny' / 'meta.json').write_text(json.dumps(
+        {'vocab_size': 64, 'tokenizer': 'byte', 'dtype': 'uint8', 'eot_token': 0, 'train_tokens': 3000,
+         'val_tokens': 1200}))
 
 
 def python(cwd, *args):
@@ -61,13 +73,7 @@ def test_an_ablation_and_its_baseline_in_one_table(tmp_path):
     repo.mkdir()
     for path in glob.glob(os.path.join(ROOT, '*.py')):
         shutil.copy(path, repo)
-    (repo / 'data' / 'tiny').mkdir(parents=True)
-    ids = np.resize(np.random.default_rng(0).integers(0, 64, size=37), 3000).astype(np.uint8)
-    ids.tofile(repo / 'data' / 'tiny' / 'train.bin')
-    ids[:1200].tofile(repo / 'data' / 'tiny' / 'val.bin')
-    (repo / 'data' / 'tiny' / 'meta.json').write_text(json.dumps(
-        {'vocab_size': 64, 'tokenizer': 'byte', 'dtype': 'uint8', 'eot_token': 0, 'train_tokens': 3000,
-         'val_tokens': 1200}))
+    make_data(repo / 'data')
     git(repo, 'init', '-q')
     git(repo, 'add', 'dape.py')
     git(repo, 'commit', '-q', '-m', 'dape.py')
@@ -183,3 +189,16 @@ def test_the_record_says_whether_the_code_differs_from_the_commit(monkeypatch):
     for text, edited in ((out.stdout + "\n# a comment\n", False), (out.stdout.replace(ACTIVATION, "nn.SiLU(),"), True)):
         monkeypatch.setattr(common, 'dape_here', lambda: text)
         assert common.dape_record() == {'sha256': common.sha256(text), 'edited': edited, 'source': text}
+
+
+def test_a_resume_with_a_damaged_record_is_refused(tmp_path):
+    make_data(tmp_path / 'data')
+    run = dict(TRAIN, seed=0, data_root=str(tmp_path / 'data'), out_dir=str(tmp_path / 'out'), max_iters=1,
+               eval_interval=1)
+    train.train(run)
+    path = tmp_path / 'out' / 'ckpt.pt'
+    ckpt = torch.load(path, weights_only=True)
+    ckpt['dape_py']['sha256'] = '0' * 64
+    torch.save(ckpt, path)
+    with pytest.raises(train.CheckpointError, match="record of dape.py is damaged.*It cannot be resumed"):
+        train.train(dict(run, init_from='resume', max_iters=2))
