@@ -78,6 +78,8 @@ def test_the_counts_are_the_last_line_of_a_process_that_finished():
     assert gpu_check.summary_counts(report + "1 failed, 1 passed in 3.2s\nbye\n", finished=True) == {}
     assert gpu_check.summary_counts("2 errors in 0.1s", finished=True) == {"errors": 2}
     assert gpu_check.summary_counts("1 error, 1 passed in 0.1s", finished=True) == {"errors": 1, "passed": 1}
+    # a last line with counts but no ' in <seconds>' is a test's output (printed at the end with -s), not the summary
+    assert gpu_check.summary_counts(".\n3 passed\n", finished=True) == {}
 
 
 def test_the_test_runner_counts_and_stops(tmp_path, monkeypatch):
@@ -91,6 +93,15 @@ def test_the_test_runner_counts_and_stops(tmp_path, monkeypatch):
     assert res["failures"][0].startswith("FAILED test_x.py::test_4") and len(res["failures"]) == 4
     text = gpu_check.tables(dict(run_on_a_gpu(), tests=res))
     assert "3 errors, 1 failed, 2 passed, 1 stopped at the limit" in text and "- FAILED test_x.py::test_4" in text
+
+
+def test_the_limit_is_for_the_whole_part_when_every_process_hangs(tmp_path, monkeypatch):
+    """Two processes that both run past the limit are both stopped at it: the part takes the limit once, not
+    the limit for each process in turn."""
+    res = run_tests(tmp_path, monkeypatch, "import time, pytest\npytestmark = pytest.mark.gpu\n"
+                    "def test_a(): time.sleep(120)\ndef test_b(): time.sleep(120)\n", jobs=2, test_seconds=20)
+    assert res["processes"] == 2 and res["timed_out"] == 2 and res["counts"] == {}, res
+    assert res["seconds"] < 1.5 * 20, res  # each process in turn: at least 2 x 20 s
 
 
 def test_no_more_processes_than_tests(tmp_path, monkeypatch):
