@@ -7,6 +7,8 @@ import json
 import os
 import re
 import shlex
+import shutil
+import sys
 
 import pytest
 
@@ -157,6 +159,46 @@ def demo_rewrite(page, text):
         head, rest = text.split(demo_report.START, 1)
         return head + section + rest.split(demo_report.END, 1)[1]
     return rendered
+
+
+
+# Tests of the tests above: each run on a copy of docs/results/ and a page, planted with what it must catch.
+
+def copy_of_the_pages(tmp_path, monkeypatch, page):
+    """README.md, `page` and docs/results/ copied into tmp_path, which this module then takes for the repository."""
+    shutil.copytree(os.path.join(ROOT, 'docs', 'results'), tmp_path / 'docs' / 'results')
+    for name in ('README.md', page):
+        shutil.copy(os.path.join(ROOT, name), tmp_path / name)
+    monkeypatch.setattr(sys.modules[__name__], 'ROOT', str(tmp_path))
+    return tmp_path
+
+
+def test_the_run_check_fails_on_a_passkey_row_rebuilt_from_a_page(tmp_path, monkeypatch):
+    """Passkey files keep their runs under 'rows', not 'runs': a row there that is not `source: run` fails."""
+    copy = copy_of_the_pages(tmp_path, monkeypatch, 'docs/passkey_results.md')
+    test_every_run_in_the_results_files_was_measured()
+    path = copy / 'docs' / 'results' / 'passkey_cpu.json'
+    saved = json.loads(path.read_text())
+    saved['rows'][0]['source'] = 'page'
+    path.write_text(json.dumps(saved))
+    with pytest.raises(AssertionError, match=r"docs/results/passkey_cpu\.json: .* has source 'page'"):
+        test_every_run_in_the_results_files_was_measured()
+
+
+@pytest.mark.parametrize('cut', ['last line', 'first line'])
+def test_the_table_check_fails_on_a_block_that_lost_a_line(tmp_path, monkeypatch, capsys, cut):
+    """A page's block that is a part of its command's output, not all of it, fails."""
+    page = 'docs/passkey_results.md'
+    copy = copy_of_the_pages(tmp_path, monkeypatch, page)
+    (_, command, text), *_ = [b for b in blocks() if b[0] == page]
+    test_each_published_table_is_what_its_command_writes(page, command, text, capsys)
+    lines = text.strip().splitlines()
+    part = '\n'.join(lines[:-1] if cut == 'last line' else lines[1:]) + '\n'
+    (copy / page).write_text((copy / page).read_text().replace(text, part, 1))
+    (found,) = [b for b in blocks() if b[0] == page and b[1] == command]
+    assert found[2] == part
+    with pytest.raises(AssertionError, match="is not what it prints"):
+        test_each_published_table_is_what_its_command_writes(*found, capsys)
 
 
 if __name__ == '__main__':
