@@ -101,13 +101,6 @@ MIN_SCORED = 4096        # scored tokens per cell when num_windows is left to th
 DEFAULT_K = 256          # the paper's "last 256 tokens"
 
 
-def parse_ints(text, key):
-    values = parse_list(text, key, int)
-    if any(v < 1 for v in values):
-        raise InputError(f"--{key} values must be positive, got {text!r}")
-    return values
-
-
 # -----------------------------------------------------------------------------
 # checkpoints and their data
 
@@ -385,7 +378,9 @@ def evaluate(cfg, ckpt_paths, command='unknown (eval_extrapolate.evaluate called
         print(f"note: {note}")
 
     if cfg['lengths']:
-        eval_lengths = sorted(set(parse_ints(cfg['lengths'], 'lengths')))
+        eval_lengths = sorted(set(parse_list(cfg['lengths'], 'lengths', int)))
+        if eval_lengths[0] < 1:
+            raise InputError(f"--lengths values must be positive, got {cfg['lengths']!r}")
     else:
         eval_lengths = default_lengths({r['model_args']['block_size'] for r in runs}, cfg['max_length'])
     K, n_windows = scored_tokens(eval_lengths, cfg['eval_tokens'], cfg['num_windows'])

@@ -55,7 +55,7 @@ from common import (InputError, auto_labels, autocast, checkpoints_and_config, f
                     parse_list, pick_device, pick_dtype, resolve_data_dir, rope_scaling_options, setting_of, trained_by,
                     training_setting)
 from results import (MEASURES, SAME_PROTOCOL, compare_groups, comparison_caption, comparison_table, figure_from_files,
-                     format_table, group_rows, group_table, group_text, jsonable, learned_text, merge_rows,
+                     group_rows, group_table, group_text, jsonable, learned_text, length_table, merge_rows,
                      passkey_summary_table, read_passkey_results, read_results, retest_tables_from_files, seed_tables,
                      write_json)
 from configurator import ConfigError
@@ -145,15 +145,10 @@ def tokenizer_and_filler(ckpt, model, cfg):
 
 def model_table(row, lens, markdown=False):
     """One model: a row per depth, a column per length; 'accuracy% (log-likelihood per token)'."""
-    header = ['depth'] + [str(L) for L in lens]
-    out = []
-    for d in row['depths']:
-        cells = []
-        for L in lens:
-            c = row['cells'][L]
-            cells.append(c if isinstance(c, str) else f"{100 * c[d]['accuracy']:.0f}% ({c[d]['logp_mean']:.2f})")
-        out.append([f"{d:g}"] + cells)
-    return format_table(header, out, markdown)
+    def cell(d, L):
+        c = row['cells'][L]
+        return c if isinstance(c, str) else f"{100 * c[d]['accuracy']:.0f}% ({c[d]['logp_mean']:.2f})"
+    return length_table(row['depths'], lens, [('depth', lambda d: f"{d:g}")], cell, markdown)
 
 
 def plot_heatmap(row, lens, path):
@@ -383,7 +378,8 @@ def write_outputs(cfg, protocol, rows, lens, groups=(), comparisons=()):
           f"{protocol['trials']} samples per length and depth; filler: {protocol['filler']}; seed {protocol['seed']}; "
           f"{protocol['digits']}-digit keys. {chance}", '',
           '## Exact match, mean over depths', '', passkey_summary_table(rows, lens, 'accuracy', True), '',
-          '## Log-likelihood per answer token (nats), mean over depths', '', passkey_summary_table(rows, lens, 'logp', True), '']
+          '## Log-likelihood per answer token (nats), mean over depths', '',
+          passkey_summary_table(rows, lens, 'logp', True), '']
     if seeded:
         for m, name in MEASURES.items():
             md += [f"## Over seeds: {name}", '', f"{group_text(m, 'the seeds')}"

@@ -36,6 +36,13 @@ def format_table(header, rows, markdown=False):
     return '\n'.join([fmt(header), '  '.join('-' * w for w in widths)] + [fmt(r) for r in rows])
 
 
+def length_table(items, lengths, first, cell, markdown=False):
+    """A row per item and a column per length, as every table over seeds or runs is laid out: first [(header,
+    item -> text)], the columns before the lengths; cell(item, L), the text at length L."""
+    return format_table([h for h, _ in first] + [str(L) for L in lengths],
+                        [[f(x) for _, f in first] + [cell(x, L) for L in lengths] for x in items], markdown)
+
+
 def jsonable(obj):
     """For json.dump: length keys as strings, numpy scalars as Python numbers, and no NaN anywhere."""
     if isinstance(obj, dict):
@@ -407,8 +414,13 @@ def significance(c, alpha=ALPHA):
 
 
 # -----------------------------------------------------------------------------
-# the test-retest of the same runs trained under two roundings (ATen's vector kernels and
-# ATEN_CPU_CAPABILITY=default): what che_tasks.py and eval_passkey.py report alike
+# the test-retest of the same runs trained twice (under two roundings of one machine, ATen's vector kernels and
+# ATEN_CPU_CAPABILITY=default, or on two machines), as che_tasks.py and eval_passkey.py report it alike: only the
+# runs in both files count, each side's 'learned' by the protocol's rule; a table per setting (how many seeds
+# learned on each side, how many changed sides, how the figures moved: Pearson's r and the mean absolute move), one
+# per run, and every comparison the published tables make, each computed on each side as its own table computes it
+# (Holm over that table), with whether its conclusion (which side is ahead, whether Holm's exact p is below ALPHA)
+# holds on both
 
 
 def kernels_of(machines):
@@ -754,18 +766,15 @@ def ppl_cell(stat, digits=3):
 
 
 def ppl_table(groups, metric, eval_lengths, markdown=False):
-    header = ['model', 'n'] + [str(L) for L in eval_lengths]
-    rows = [[g['label'], str(g['n'])] + [ppl_cell(g[metric][L], 4 if metric == 'bpb' else 3) for L in eval_lengths]
-            for g in groups]
-    return format_table(header, rows, markdown)
+    return length_table(groups, eval_lengths, [('model', lambda g: g['label']), ('n', lambda g: str(g['n']))],
+                        lambda g, L: ppl_cell(g[metric][L], 4 if metric == 'bpb' else 3), markdown)
 
 
 def ppl_run_table(runs, eval_lengths, markdown=False):
-    header = ['run', 'model', 'seed', 'iter'] + [str(L) for L in eval_lengths]
-    rows = [[r['name'], r['label'], str(r['seed']), str(r['iter_num'])] +
-            [fmt_value(r['results'][L]['ppl'], 3) if r['results'][L]['status'] == 'ok' else r['results'][L]['status']
-             for L in eval_lengths] for r in runs]
-    return format_table(header, rows, markdown)
+    first = [('run', lambda r: r['name']), ('model', lambda r: r['label']), ('seed', lambda r: str(r['seed'])),
+             ('iter', lambda r: str(r['iter_num']))]
+    ppl = lambda s: fmt_value(s['ppl'], 3) if s['status'] == 'ok' else s['status']
+    return length_table(runs, eval_lengths, first, lambda r, L: ppl(r['results'][L]), markdown)
 
 
 def pvalue_table(comparisons, eval_lengths, markdown=False):
@@ -793,11 +802,9 @@ def pvalue_table(comparisons, eval_lengths, markdown=False):
 def difference_table(comparisons, eval_lengths, markdown=False):
     """DAPE-X's mean perplexity minus X's, per length, with its 95% confidence interval (Welch-
     Satterthwaite): negative is DAPE lower."""
-    header = ['DAPE-X minus X'] + [str(L) for L in eval_lengths]
-    rows = [[f"{c['label']} - {c['baseline']}"]
-            + [difference_text(dict(c['p_value'][L], diff=c['p_value'][L].get('mean_diff')), '{:+.3f}')
-               for L in eval_lengths] for c in comparisons]
-    return format_table(header, rows, markdown)
+    difference = lambda s: difference_text(dict(s, diff=s.get('mean_diff')), '{:+.3f}')
+    return length_table(comparisons, eval_lengths, [('DAPE-X minus X', lambda c: f"{c['label']} - {c['baseline']}")],
+                        lambda c, L: difference(c['p_value'][L]), markdown)
 
 
 def protocol_text(protocol):
@@ -1464,14 +1471,9 @@ def check_selection(path, runs, tasks, columns, cfg):
 
 
 def retest_tables(cells_a, cells_b, tasks, columns, cfg):
-    """A test-retest of the same runs (task, encoding, rate and seed) trained twice, once under each of two
-    roundings (ATen's vector kernels and ATEN_CPU_CAPABILITY=default): only runs present in both files
-    count. Three tables: per encoding, how many seeds learned under each and how many changed sides, and
-    how ID, OOD and the per-length accuracies move (Pearson's r between the two, the mean absolute move);
-    per run, learned or not, ID, OOD and the longest length's accuracy under both; and every comparison
-    the tables over seeds and per length make (DAPE-X against X, the shares of seeds that learned included), under
-    each rounding, with whether its conclusion (which side is ahead, and whether Holm's exact p is below ALPHA)
-    holds under both."""
+    """The test-retest (its section above) of the runs of cells_a and cells_b, a run being its task, encoding, rate
+    and seed: how ID, OOD and the per-length accuracies moved; per run, ID, OOD and the longest length's accuracy;
+    the comparisons of the tables over seeds (the shares of seeds that learned included) and per length."""
     key = lambda r: (r['seed'], r['learning_rate'])
     common_cells = {}
     for k in cells_a.keys() & cells_b.keys():
@@ -1565,16 +1567,10 @@ def retest_tables(cells_a, cells_b, tasks, columns, cfg):
 
 def passkey_summary_table(rows, lens, metric, markdown=False):
     """All models: a row each, a column per length; the metric averaged over depths."""
-    header = ['model'] + [str(L) for L in lens]
-    out = []
-    for r in rows:
-        cells = []
-        for L in lens:
-            c = r['per_length'][L]
-            cells.append(c if isinstance(c, str) else
-                         f"{100 * c['accuracy']:.0f}%" if metric == 'accuracy' else f"{c['logp_mean']:.3f}")
-        out.append([r['label']] + cells)
-    return format_table(header, out, markdown)
+    figure = lambda c: (c if isinstance(c, str) else
+                        f"{100 * c['accuracy']:.0f}%" if metric == 'accuracy' else f"{c['logp_mean']:.3f}")
+    return length_table(rows, lens, [('model', lambda r: r['label'])], lambda r, L: figure(r['per_length'][L]),
+                        markdown)
 
 
 # the two measures of every table over seeds: exact match, and the log-likelihood per answer token, the continuous
@@ -1609,14 +1605,11 @@ def group_table(groups, lens, metric, markdown=False):
         if metric not in c:
             return 'n/a: not kept'
         return mean_ci_text(c[metric]['values'], BOUNDS[metric], lambda v: fmt.format(scale * v), unit)
-    header = ['model', 'seeds', 'learned [95% interval]'] + [str(L) for L in lens]
-    out = []
-    for g in groups:
-        m = g['measures'][metric]  # the seeds that have this measure: those its means are over
-        out.append([g['label'], ','.join(str(s) for s in m['seeds']) or 'none',
-                    'n/a' if m['learned'] is None or not m['n'] else k_of_n_text(m['learned'], m['n'])]
-                   + [cell(g['per_length'][L]) for L in lens])
-    return format_table(header, out, markdown)
+    m = lambda g: g['measures'][metric]  # the seeds that have this measure: those its means are over
+    first = [('model', lambda g: g['label']), ('seeds', lambda g: ','.join(str(s) for s in m(g)['seeds']) or 'none'),
+             ('learned [95% interval]', lambda g: 'n/a' if m(g)['learned'] is None or not m(g)['n'] else
+              k_of_n_text(m(g)['learned'], m(g)['n']))]
+    return length_table(groups, lens, first, lambda g, L: cell(g['per_length'][L]), markdown)
 
 
 
@@ -1894,17 +1887,10 @@ def _paired_figures(a, b, lens, metric):
 
 
 def passkey_retest_tables(protocol, rows_a, rows_b, lens):
-    """A test-retest of the same runs (setting and seed) trained twice, once under each of two roundings (ATen's
-    vector kernels and ATEN_CPU_CAPABILITY=default), rows_a from --tables_from and rows_b from --rounding_from:
-    only runs present in both count, and 'learned' is protocol's rule (learned_exact at the training length, as
-    group_rows decides it) under both. Three Markdown tables and a caption: per model, how many seeds learned
-    under each rounding and how many changed sides, and how the exact match and the log-likelihood per answer
-    token move over every seed and length (Pearson's r between the two, the mean absolute move); per run, learned
-    or not and its figures at the training length and the longest under both; and every comparison the published
-    tables make (compare_groups: DAPE-X against X at each length in each of MEASURES, over the learned seeds and
-    over all), computed
-    under each rounding as its own table computes it, with whether its conclusion (which side is ahead, and
-    whether Holm's exact p is below ALPHA) holds under both."""
+    """The test-retest (its section above) of rows_a (--tables_from) and rows_b (--rounding_from), a run being its
+    setting and seed: how exact match and the log-likelihood per answer token moved over every seed and length;
+    per run, its figures at the training length and the longest; the comparisons of compare_groups (DAPE-X against
+    X at each length in each of MEASURES, over the learned seeds and over all) and of the shares that learned."""
     by_a, by_b = _by_run(rows_a, 'tables_from'), _by_run(rows_b, 'rounding_from')
     both = [k for k in by_a if k in by_b]  # in the first file's order: the groups of both come out alike
     if not both:
