@@ -51,9 +51,9 @@ import time
 
 import numpy as np
 
-from common import (InputError, auto_labels, autocast, checkpoints_and_config, find_checkpoints, load_run, load_val,
-                    parse_list, pick_device, pick_dtype, resolve_data_dir, rope_scaling_options, setting_of, trained_by,
-                    training_setting)
+from common import (InputError, auto_labels, autocast, checkpoints_and_config, dape_of_run, find_checkpoints, load_run,
+                    load_val, parse_list, pick_device, pick_dtype, resolve_data_dir, rope_scaling_options, setting_of,
+                    trained_by, training_setting)
 from results import (MEASURES, SAME_PROTOCOL, compare_groups, comparison_caption, comparison_table, figure_from_files,
                      group_rows, group_table, group_text, jsonable, learned_text, length_table, merge_rows,
                      passkey_summary_table, read_passkey_results, read_results, retest_tables_from_files, seed_tables,
@@ -215,7 +215,8 @@ def evaluate(cfg, ckpt_paths):
                      'block_size': model.config.block_size,
                      'n_positions': model.pe[0].n_positions if model.config.pos == 'learned' else None,
                      'model_args': dataclasses.asdict(model.config), 'training': training_setting(ckpt),
-                     'seed': (ckpt.get('config') or {}).get('seed'), 'trained_by': trained_by(ckpt)})
+                     'seed': (ckpt.get('config') or {}).get('seed'), 'trained_by': trained_by(ckpt),
+                     'dape_py': dape_of_run(ckpt)})  # an edited dape.py labels its runs (common.setting_of)
         sources[(d, tok.name)] = (tok, data)
         del model
     named = [r['name'] for r in runs]
