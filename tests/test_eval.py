@@ -81,6 +81,8 @@ def test_window_ends_deterministic_on_a_grid_and_leave_room():
     assert E.window_ends(513 + 64, 512, 64, 3, seed=0).tolist() == [512, 576]
     with pytest.raises(InputError):
         E.window_ends(100, 512, 256, 5, seed=0)
+    with pytest.raises(InputError, match='a window of 513 tokens'):  # 512 inputs and the target after them
+        E.window_ends(512, 512, 256, 10, seed=0)
 
 
 def test_only_the_last_k_targets_are_scored():
@@ -677,6 +679,7 @@ def test_welch_matches_scipy_on_random_inputs():
     dict(pos='kerple', dape='v1', attn='stickbreaking'),
     dict(pos='nope', dape='none', attn='stickbreaking', sb_current=True, logn_scale='learned'),
     dict(pos='alibi', dape='v2', logn_scale='fixed'),
+    dict(pos='kerple', dape='v1', dape_variant='concat'),
 ])
 def test_visualized_terms_reproduce_the_layer(kw):
     """A, B and f recomputed for chosen query rows give back the layer's actual output, and the terms
@@ -702,6 +705,8 @@ def test_visualized_terms_reproduce_the_layer(kw):
         if kw.get('dape_variant', 'concat_residual') == 'concat_residual' and kw['pos'] in ('kerple', 'fox') and \
                 t['f'] is not None:
             torch.testing.assert_close(t['logits'], t['A'] + t['B'] + t['f'])
+        if kw.get('dape_variant') == 'concat':  # A + f: the bias is f's input only
+            torch.testing.assert_close(t['logits'], t['A'] + t['f'])
         if kw['pos'] == 'rope':
             assert t['B'] is None
 
@@ -751,6 +756,19 @@ def test_far_mass_is_the_attention_beyond_the_training_length():
     assert np.allclose(got[0], want.numpy(), atol=1e-5), (got, want)
     assert 0 < got[0][1] < 1 and got[0][1] > got[0][0]  # the flatter head reaches farther
     assert probe.far_mass(model, x[:, :distance], K, distance) == [[0.0, 0.0]]  # no key that far
+
+
+def test_far_mass_of_a_run_is_measured_at_the_training_length():
+    """eval_extrapolate's far mass at each evaluation length is probe.far_mass of that length's windows, keys
+    counted as far from the training length back (not from the window's length)."""
+    import probe
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**TINY, pos='alibi')).eval()
+    data = np.arange(1000) % 251
+    ends = E.window_ends(len(data), 96, 8, 3, seed=0)
+    mass, _ = E.far_mass_of_run(model, data, ends, [32, 96], 8, 32, 'cpu', cfg())
+    assert mass[96] == probe.far_mass(model, E.windows(data, ends, 96)[0], 8, 32)
+    assert mass[32] == [[0.0, 0.0]] * 2 and all(v > 0 for layer in mass[96] for v in layer)
 
 
 def test_head_values_are_what_the_encoding_learned():
