@@ -88,6 +88,28 @@ def test_permutation_test_beyond_the_exact_limit_draws_seeded_splits():
     assert results.permutation_test(a, b) == results.permutation_test(a, b)  # seeded: the same on every run
 
 
+def test_permutation_test_enumerates_at_the_exact_limit(monkeypatch):
+    """Splits exactly EXACT_MAX: still enumerated. 3 and 3 runs fully apart have 20 splits: p = 2 / 20."""
+    monkeypatch.setattr(results, 'EXACT_MAX', math.comb(6, 3))
+    r = results.permutation_test([10.0, 11.0, 12.0], [0.0, 1.0, 2.0])
+    assert r['exact'] and r['splits'] == 20 and r['p'] == pytest.approx(0.1)
+    monkeypatch.setattr(results, 'EXACT_MAX', math.comb(6, 3) - 1)
+    assert not results.permutation_test([10.0, 11.0, 12.0], [0.0, 1.0, 2.0])['exact']
+
+
+def test_permutation_test_draws_with_groups_of_two_sizes(monkeypatch):
+    """The random branch with 3 runs against 6: within Monte Carlo error of the exact p over every split (each
+    draw's first 3 are a's group, not its first 6)."""
+    a, b = [1.0, 1.6, 2.2], [0.9, 1.2, 1.0, 1.5, 0.4, 1.1]
+    exact = results.permutation_test(a, b)
+    assert exact['exact'] and exact['splits'] == math.comb(9, 3)
+    monkeypatch.setattr(results, 'EXACT_MAX', 10)
+    drawn = results.permutation_test(a, b)
+    assert not drawn['exact']
+    se = math.sqrt(exact['p'] * (1 - exact['p']) / results.PERMUTATION_DRAWS)
+    assert abs(drawn['p'] - exact['p']) < 5 * se + 1e-4, (drawn, exact)
+
+
 PERMUTATION_CASES = [  # (a, b): several sizes, ties, no spread on a side, percentages at their bounds
     ([0.3, 1.2], [0.5, -0.4]),
     ([0.5, 0.4, 0.9], [0.0, 0.7, 0.6]),  # splits that tie with the observed one only up to rounding
@@ -416,6 +438,13 @@ def test_retest_sides_says_what_differs_between_the_two_trainings():
     assert how.startswith("under two roundings of one machine per run (2 machines: AMD EPYC (family 26, model 2); "
                           "Intel(R) Xeon(R) Processor (family 6, model 207)), except 1 run retrained on another machine "
                           "(there the machine differs too) (1 run without a recorded machine): ATen's AVX512")
+    # kernels recorded on one side only: not a change of rounding, the two files
+    assert results.retest_sides([(amd.format('AVX512'), None)])[:2] == ('AVX512 (tables_from)', 'unknown (rounding_from)')
+    # the same kernels, the runs on two machines and their retests on two others: not one machine a side
+    amd2, intel2 = amd.replace('model 2', 'model 1'), intel.replace('model 207', 'model 143')
+    assert results.retest_sides([(amd.format('AVX512'), intel.format('AVX512')),
+                                 (amd2.format('AVX512'), intel2.format('AVX512'))])[:2] == \
+        ('AVX512 (tables_from)', 'AVX512 (rounding_from)')
     a, b, how = results.retest_sides([(None, None)])
     assert (a, b) == ('unknown (tables_from)', 'unknown (rounding_from)')
     assert how.endswith("ATen's kernels as the runs record them, unknown (tables_from) and unknown (rounding_from; "
@@ -432,6 +461,9 @@ def test_verdict_counts_and_where_conclusions_hold():
     for x in (a, b, c):
         results.holm_over([x])
     assert results.verdict_counts([a, b, c, none]) == 'ahead at 2, significantly at 1; behind significantly at 1'
+    level = results.compare_means([1.0, 2.0, 3.0], [3.0, 2.0, 1.0])  # a difference of exactly 0: neither side
+    assert level['status'] == 'ok' and level['diff'] == 0
+    assert results.verdict_counts([a, level]) == 'ahead at 1, significantly at 1; behind significantly at 0'
     ca, cb = {41: a, 51: b, 61: none, 71: c}, {41: a, 51: a, 61: a, 71: c}
     assert results.holds_at(ca, cb, [41, 51, 61, 71], 'N') == ('at 2 of 3; not at N=51', 2, 3)
     assert results.holds_at({41: none}, {41: a}, [41], 'L') == ('n/a', 0, 0)
