@@ -1,23 +1,28 @@
 """
-The CPU demo's report: the README section between the demo-results markers (the setting, the perplexity
-table and the plot) and docs/demo_results.md (the rest of the same run), made from the run's files alone.
+The CPU demo's report: the README section between the demo-results markers (the primary test, the setting, the
+perplexity table and the plot) and docs/demo_results.md (the rest of the same run, then the whole study's), made
+from the runs' files alone.
 
-    python demo_report.py results/demo --minutes=18 --models=11    # what demo.sh runs: the report of this run,
+    python demo_report.py results/demo --minutes=18 --models=20    # what demo.sh runs: the report of this run,
                                                                     # into results/demo/ and on the screen
-    python demo_report.py results/demo-full --publish              # into README.md, docs/ and docs/results/demo/
+    python demo_report.py results/demo --publish                   # into README.md, docs/ and docs/results/demo/
+                                                                    # (a --full run's: docs/results/demo-full/)
     python demo_report.py --tables_from=docs/results/demo          # what is published, printed again
 
 A run writes only under its results directory: meta.json (when, where, which commit, how long), report.md
 (the README section and the page as they would be published) and nothing tracked by git. Publishing is a
-separate, explicit step, refused when it would drop rows the published study has (a headline run over a
---full study, fewer seeds): a newcomer's first `bash demo.sh` leaves the repository as it found it.
+separate, explicit step, refused when it would drop rows the run published in its place has (fewer models,
+fewer seeds): a newcomer's first `bash demo.sh` leaves the repository as it found it.
 
-Every figure in the text comes from the run's files: the machine, the date, the training steps and the
-seeds, the perplexity and bits-per-byte tables (mean ± sample std over seeds), DAPE-X against X (the
-difference of the mean perplexities with its 95% confidence interval, Welch's p, and the exact permutation
-test's p with its Holm adjustment over the table, computed here from the seeds' perplexities), observations
-computed from the numbers (significance, by the Holm-adjusted exact p, with its direction); beside them, the
-paper's Table 5, cited as published.
+The primary test comes first, whatever it is: the one comparison docs/demo_setting.md registered before the
+headline's runs (PRIMARY: DAPE-FIRE against FIRE at 16x the training length, seeds 1 to 5 a side, the exact
+permutation test of the difference of the mean perplexities, unadjusted). Every other comparison is secondary,
+in Holm families: each DAPE-X against X pair's lengths, and the pairs' rises (each seed's perplexity at the
+longest length over its own at the first); a family whose smallest Holm p cannot fall below 0.05 is called a
+description. Every figure in the text comes from the run's files: the machine, the date, the commit, the
+training steps and the seeds, the perplexity and bits-per-byte tables (mean ± sample std over seeds), the
+differences with their 95% intervals, Welch's p and the exact permutation test's p, computed here from the seeds'
+perplexities, and observations computed from the numbers; beside them, the paper's Table 5, cited as published.
 """
 
 import json
@@ -28,11 +33,16 @@ import shutil
 import sys
 
 from common import machine_text, provenance
-from results import (ALPHA, holm_over, kernels_of, mean_ci, p_text, permutation_test, significance, tests_caption,
+from results import (ALPHA, compare_means, holm_over, kernels_of, mean_ci, p_text, permutation_test, significance,
                      verdict)
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 START, END = "<!-- demo-results:start -->", "<!-- demo-results:end -->"
+# The headline's primary test as docs/demo_setting.md registered it before its runs: DAPE-FIRE against FIRE at 16x
+# the training length, the difference of the mean perplexities over seeds 1 to 5 a side, the exact two-sided
+# permutation test at ALPHA without adjustment
+PRIMARY, PRIMARY_MULTIPLE, PRIMARY_SEEDS = ("dape-fire", "fire"), 16, [1, 2, 3, 4, 5]
+DEFAULT_SEEDS = 5  # demo.sh's --seeds when none is given
 
 PAPER_TABLE_5 = """| method (paper, 125M, Arxiv, BPE, trained at 512) | 512 | 1024 | 2048 | 4096 | 8192 |
 | --- | --- | --- | --- | --- | --- |
@@ -67,20 +77,114 @@ def table(results, key, fmt):
 def exact_tests(results):
     """The exact permutation test of DAPE-X against X at each length where the evaluation made Welch's, from the
     seeds' perplexities in the groups (results files written before the evaluation kept it have them too), with
-    the exact p adjusted by Holm's method over all of them: the comparisons of pvalue_table.
-    -> {(label, baseline): {length: {status, n_a, n_b, p_exact, p_min, exact, p_holm}}}."""
+    the exact p adjusted by Holm's method within each pair's family of lengths; the primary test's cell
+    (primary_length) is a family of its own, unadjusted, as docs/demo_setting.md registers it.
+    -> {(label, baseline): {length: {status, n_a, n_b, p_exact, p_min, exact, p_holm[, primary]}}}."""
     groups = {g["label"]: g for g in results["groups"]}
     out = {}
     for c in results["comparisons"]:
-        tests = out.setdefault((c["label"], c["baseline"]), {})
+        key = (c["label"], c["baseline"])
+        tests = out.setdefault(key, {})
         for L in results["lengths"]:
             if c["p_value"][str(L)]["status"] == "ok":
-                a, b = (groups[label]["ppl"][str(L)]["values"] for label in (c["label"], c["baseline"]))
+                a, b = (groups[label]["ppl"][str(L)]["values"] for label in key)
                 test = permutation_test(a, b)
                 tests[L] = {"status": "ok", "n_a": len(a), "n_b": len(b), "p_exact": test["p"],
                             "p_min": test["p_min"], "exact": test["exact"]}
-    holm_over([t for tests in out.values() for t in tests.values()])
+        primary = primary_length(results) if key == PRIMARY else None
+        if primary in tests:
+            tests[primary].update(primary=True, p_holm=tests[primary]["p_exact"])
+        holm_over([t for L, t in tests.items() if L != primary])
     return out
+
+
+def primary_length(results):
+    """The primary test's length (PRIMARY_MULTIPLE times its baseline's training length), where the run has its pair
+    over the registered seeds; else None (its comparison then stays in its pair's family)."""
+    groups = {g["label"]: g for g in results["groups"]}
+    if not all(label in groups and groups[label]["seeds"] == PRIMARY_SEEDS for label in PRIMARY):
+        return None
+    return PRIMARY_MULTIPLE * groups[PRIMARY[1]]["block_size"]
+
+
+def families_caption(tests, alpha=ALPHA):
+    """What the exact p and its Holm adjustment are in pvalue_table, the smallest p each pair of seed counts
+    allows, and which families cannot reach alpha (their comparisons are descriptions)."""
+    sizes = sorted({(t["n_a"], t["n_b"], t["p_min"]) for pair in tests.values() for t in pair.values()})
+    floors = ", ".join(f"{p:.2g} with {na} and {nb} seeds" for na, nb, p in sizes)
+    weak = [f"{a} vs {b}" for (a, b), pair in tests.items()
+            if pair and len([t for t in pair.values() if not t.get("primary")]) * min(
+                t["p_min"] for t in pair.values()) >= alpha]
+    text = ("p: Welch's t-test; exact: the two-sided permutation test over every split of the seeds between the "
+            "two sides; Holm: the exact p adjusted by Holm's method within each pair's family of lengths"
+            + (" (the primary test's cell, registered before the run, is a family of its own and unadjusted)"
+               if any(t.get("primary") for pair in tests.values() for t in pair.values()) else "")
+            + f". Smallest possible exact p: {floors}.")
+    if weak:
+        text += (f" No comparison of {', '.join(weak)} can reach a Holm p below {alpha:g}: "
+                 f"{'that family is a description' if len(weak) == 1 else 'those families are descriptions'}.")
+    return text
+
+
+def rise_tests(results):
+    """Each seed's perplexity at the longest length over its own at the first (the rise), DAPE-X against X for
+    every pair with two seeds or more a side: the difference of the mean rises with its 95% interval (Welch),
+    the exact permutation test, and Holm's adjustment over the pairs (one family).
+    -> [compare_means of the rises, with label, baseline, rise_a and rise_b (mean, lo, hi) and p_holm]."""
+    groups = {g["label"]: g for g in results["groups"]}
+    first, last = results["lengths"][0], results["lengths"][-1]
+    out = []
+    for c in results["comparisons"]:
+        a, b = (seed_rises(groups[label], first, last) for label in (c["label"], c["baseline"]))
+        if len(a) >= 2 and len(b) >= 2:
+            out.append(dict(compare_means(a, b), label=c["label"], baseline=c["baseline"], rise_a=mean_ci(a),
+                            rise_b=mean_ci(b)))
+    holm_over(out)
+    return [r for r in out if r["status"] == "ok"]
+
+
+def rise_table(results, rises, alpha=ALPHA):
+    """rise_tests as a table, with its caption; '' where no pair has two seeds a side."""
+    if not rises:
+        return ""
+    first, last = results["lengths"][0], results["lengths"][-1]
+    ci = lambda m: f"{m[0]:.3f} [{m[1]:.3f}, {m[2]:.3f}]"
+    rows = [f"| DAPE-X vs X | DAPE-X's {last} / {first} | X's | difference | p |", "| --- " * 5 + "|"]
+    rows += [f"| {r['label']} vs {r['baseline']} | {ci(r['rise_a'])} | {ci(r['rise_b'])} | {r['diff']:+.3f} "
+             f"[{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}] | {r['p']:.3g} (exact {p_text(r['p_exact'])}, Holm "
+             f"{p_text(r['p_holm'])}) |" for r in rises]
+    reachable = len(rises) * min(r["p_min"] for r in rises) < alpha
+    return ("\n".join(rows) + f"\n\nEach seed's perplexity at {last} over its own at {first}, mean and 95% interval "
+            f"over seeds; the difference with its Welch interval and Welch's p; the exact permutation test, and its "
+            f"Holm adjustment over the {len(rises)} pair{'s' if len(rises) != 1 else ''} (one family)."
+            + ("" if reachable else f" No comparison of this family can reach a Holm p below {alpha:g}: it is a "
+               f"description."))
+
+
+def primary_text(results, tests, alpha=ALPHA, docs="docs/"):
+    """The registered primary test's result in one paragraph, whatever it is; where the run has its pair over
+    other seeds, a sentence saying that it does not carry the test; None where it lacks the pair."""
+    groups = {g["label"]: g for g in results["groups"]}
+    if not all(label in groups for label in PRIMARY):
+        return None
+    where = (f"[docs/demo_setting.md]({docs}demo_setting.md#the-headlines-primary-test-registered-before-its-runs)")
+    L = primary_length(results)
+    if L is None or L not in tests.get(PRIMARY, {}):
+        seeds = " and ".join(", ".join(map(str, groups[label]["seeds"])) for label in PRIMARY)
+        return (f"The primary test registered in {where} ({PRIMARY[0]} against {PRIMARY[1]} at {PRIMARY_MULTIPLE}x "
+                f"the training length, seeds {PRIMARY_SEEDS[0]} to {PRIMARY_SEEDS[-1]} a side) is not this run's: "
+                f"it has seeds {seeds}, so that comparison stays in its pair's family below.")
+    cell = tests[PRIMARY][L]
+    (p,) = [c["p_value"][str(L)] for c in results["comparisons"] if (c["label"], c["baseline"]) == PRIMARY]
+    a, b = (groups[label]["ppl"][str(L)]["mean"] for label in PRIMARY)
+    which = (("lower" if p["mean_diff"] < 0 else "higher") + ", significant" if cell["p_exact"] < alpha else
+             "not significantly different")
+    return (f"**The primary test** (registered in {where} before the runs): {PRIMARY[0]} minus {PRIMARY[1]} at {L} "
+            f"bytes ({PRIMARY_MULTIPLE}x the training length), the mean perplexity over seeds {PRIMARY_SEEDS[0]} to "
+            f"{PRIMARY_SEEDS[-1]} a side: {a:.3f} against {b:.3f}, difference {p['mean_diff']:+.3f} "
+            f"[{p['ci'][0]:+.3f}, {p['ci'][1]:+.3f}] (95% Welch interval), exact two-sided permutation p = "
+            f"{p_text(cell['p_exact'])} (the smallest that {cell['n_a']} against {cell['n_b']} seeds allow: "
+            f"{p_text(cell['p_min'])}): {PRIMARY[0]} {which} at {alpha:g}.")
 
 
 def pvalue_table(results, tests):
@@ -135,11 +239,16 @@ def ppl_by_label(results):
     return {g["label"]: [g["ppl"][str(L)].get("mean") for L in results["lengths"]] for g in results["groups"]}
 
 
-def seed_ratio(group, first, last):
-    """Each seed's perplexity at length `last` over its own at `first`: (mean, lo, hi) of the 95% CI over seeds,
-    or None with fewer than two seeds that have both."""
+def seed_rises(group, first, last):
+    """Each seed's perplexity at length `last` over its own at `first`; [] where the group lacks the seeds'
+    values at either."""
     a, b = (group["ppl"][str(L)].get("values") or [] for L in (first, last))
-    return mean_ci([y / x for x, y in zip(a, b)]) if len(a) == len(b) else None
+    return [y / x for x, y in zip(a, b)] if len(a) == len(b) else []
+
+
+def seed_ratio(group, first, last):
+    """seed_rises' (mean, lo, hi) of the 95% CI over seeds, or None with fewer than two seeds that have both."""
+    return mean_ci(seed_rises(group, first, last))
 
 
 def observations(results):
@@ -210,6 +319,9 @@ def rope_section(results_dir, has_plot):
             notes.append(f"RoPE's fastest dimension turns {turns:.1f} times over the training length, fewer than "
                          f"YaRN's beta = {beta:g} (its default was chosen for LLaMA's training length): at this length "
                          f"YaRN interpolates every dimension at least in part, as PI does")
+    seeds = sorted({run["seed"] for run in results["runs"]})
+    runs = (f"one run a row, seed {seeds[0]}" if len(seeds) == 1 else
+            f"one run a row, seeds {', '.join(map(str, seeds))}")
     figure = ""
     if has_plot:
         figure = ("\n\n![loss by position in the longest windows](demo_loss_by_position.png)\n\n"
@@ -220,7 +332,7 @@ def rope_section(results_dir, has_plot):
 **RoPE context extension at evaluation** (`eval_extrapolate.py --rope_scaling=none,pi,ntk,yarn`, s = L / training
 length at each length; the same RoPE checkpoint read four ways, without the fine-tuning at the longer length that PI
 and YaRN are used with in their papers; NTK-aware scaling was proposed for use without it), beside Kerple,
-DAPE-Kerple and ALiBi; perplexity per byte:
+DAPE-Kerple and ALiBi; {runs}, so no row is a mean over seeds; perplexity per byte:
 
 {table(results, 'ppl', '{:.3f}')}
 
@@ -270,7 +382,7 @@ training length; a setting in which they do, and what was tried, are in
 
 
 SAVED = ("results.json", "meta.json", "rope_scaling/results.json", "passkey/passkey.json", "passkey/passkey.md")
-PUBLISHED = os.path.join("docs", "results", "demo")
+PUBLISHED = os.path.join("docs", "results", "demo")  # the headline's run; a --full run's beside it, in PUBLISHED-full
 
 
 def write_meta(results_dir, minutes=None, models=None):
@@ -300,10 +412,11 @@ def dropped_rows(results_dir, published):
     return lost
 
 
-def save(results_dir):
-    """Copy what the tables are made of into docs/results/demo/ (the files of SAVED that the run wrote),
-    replacing the published run's, and the plots into docs/."""
-    saved = os.path.join(ROOT, PUBLISHED)
+def save(results_dir, target):
+    """Copy what the tables are made of into target (the files of SAVED that the run wrote), replacing the
+    published run's there, and the plots into docs/: the perplexity plot of the headline (target PUBLISHED), the
+    loss by position of a --full run."""
+    saved = os.path.join(ROOT, target)
     tmp = saved + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
@@ -313,20 +426,23 @@ def save(results_dir):
             shutil.copyfile(os.path.join(results_dir, name), os.path.join(tmp, name))
     shutil.rmtree(saved, ignore_errors=True)
     os.replace(tmp, saved)
-    shutil.copyfile(os.path.join(results_dir, "ppl_vs_length.png"), os.path.join(ROOT, "docs", "demo_ppl_vs_length.png"))
+    if target == PUBLISHED:
+        shutil.copyfile(os.path.join(results_dir, "ppl_vs_length.png"), os.path.join(ROOT, "docs", "demo_ppl_vs_length.png"))
     plot = os.path.join(results_dir, "rope_scaling", "loss_by_position.png")
     if os.path.exists(plot):
         shutil.copyfile(plot, os.path.join(ROOT, "docs", "demo_loss_by_position.png"))
     return saved
 
 
-def render(saved):
-    """The README section and docs/demo_results.md from the files save() wrote."""
+def study(saved, docs=""):
+    """The texts of one run from the files save() wrote (docs: the path from the page to docs/, "" on a page in
+    docs/, "docs/" in the README): {results, meta, full, command, measured (its setting in a paragraph), ppl (its
+    perplexity table), primary (the registered primary test's paragraph, or None), body (the rest: bits per
+    byte, the tests by family, the rises, observations, the paper's table, RoPE scaling and passkey)}."""
     with open(os.path.join(saved, "results.json")) as f:
         results = json.load(f)
     with open(os.path.join(saved, "meta.json")) as f:
         meta = json.load(f)
-    minutes, models = meta["minutes"], meta["models"]
     args = results["runs"][0]["model_args"]
     iters = sorted({run["iter_num"] for run in results["runs"]})
     protocol = results["protocol"]
@@ -334,14 +450,16 @@ def render(saved):
     several = [g["label"] for g in results["groups"] if g["n"] > 1]
     counts = sorted({g["n"] for g in results["groups"] if g["n"] > 1}, reverse=True)
     of = "; ".join(f"{n} seeds of {', '.join(g['label'] for g in results['groups'] if g['n'] == n)}" for n in counts)
-    seeds_text = (f"{of}, one of the others; tables give the mean ± sample std over seeds" if several
-                  else "one seed each")
+    ones = [g["label"] for g in results["groups"] if g["n"] == 1]
+    seeds_text = (of + (", one of the others" if ones else "") + "; tables give the mean ± sample std over seeds"
+                  if several else "one seed each")
     full = os.path.exists(os.path.join(saved, "rope_scaling", "results.json"))  # only --full reads RoPE four ways
-    command = "bash demo.sh" + (" --full" if full else "") + ("" if seeds == 3 else f" --seeds={seeds}")
+    command = "bash demo.sh" + (" --full" if full else "") + ("" if seeds == DEFAULT_SEEDS else f" --seeds={seeds}")
     tested = [c for c in results["comparisons"] if any(p["status"] == "ok" for p in c["p_value"].values())]
     sizes = sorted({(g["n"]) for c in tested for g in results["groups"] if g["label"] in (c["label"], c["baseline"])})
     tests = exact_tests(results)
     exact = [t for pair in tests.values() for t in pair.values()]
+    rises = rise_tests(results)
     pvalues = (f"""
 
 DAPE-X against X on the per-seed perplexities, two-sided p ({' or '.join(map(str, sizes))} seeds a side): Welch's
@@ -349,59 +467,32 @@ t-test, and in brackets the exact permutation test and its Holm adjustment:
 
 {pvalue_table(results, tests)}
 
-{tests_caption(exact)}
+{families_caption(tests)}
 
 DAPE-X's mean perplexity minus X's, with the 95% confidence interval of the difference (Welch-Satterthwaite;
 negative: DAPE lower):
 
 {difference_table(results)}""" if tested else "")
+    rise = f"\n\nThe rise, DAPE-X against X:\n\n{rise_table(results, rises)}" if rises else ""
     floors = sorted({round(t['p_min'], 12) for t in exact}, reverse=True)
     floor = f"{floors[0]:.2g}" if len(floors) == 1 else f"{floors[0]:.2g} for some and {floors[-1]:.2g} for others"
     scope = (f"with {' or '.join(map(str, sizes))} seeds of the pairs that carry the claim, so that the exact test's "
              f"p cannot go below {floor} (Welch's can, by assuming normal errors)" if exact else
              f"with {seeds} seeds of some models but no DAPE-X and X both over several, so no p-value" if several else
-             "with one seed, so no p-value can be computed (`bash demo.sh` runs three)")
-    rest = ", RoPE context extension and passkey retrieval from the same run" if full else \
-        " (`bash demo.sh --full` adds FoX and PaTH with and without DAPE, RoPE context extension and passkey retrieval)"
-    today, where = meta["date"], meta["machine"]
-    took = ("" if minutes is None or models is None else
-            f" This run trained {models} model{'s' if models != 1 else ''} and took {minutes} min from start to end "
-            f"on that machine (a model an earlier run trained is reused, not counted).")
-
-    section = f"""{START}
-## Results: the CPU demo
-
-Measured by `{command}` on {today}: {where}.
+             f"with one seed, so no p-value can be computed (`bash demo.sh` runs {DEFAULT_SEEDS})")
+    took = ("" if meta["minutes"] is None or meta["models"] is None else
+            f" This run trained {meta['models']} model{'s' if meta['models'] != 1 else ''} and took {meta['minutes']} "
+            f"min from start to end on that machine (a model an earlier run trained is reused, not counted).")
+    measured = f"""Measured by `{command}` at commit {meta['commit']} on {meta['date']}: {meta['machine']}.{took}
 Byte-level models on `gutenberg_char` (validation: two held-out books), {args['n_layer']} layers,
 {args['n_head']} heads, {args['n_embd']} wide, trained at length {args['block_size']} for
 {', '.join(map(str, iters))} steps, {seeds_text}. Evaluation: the paper's protocol, the last
-{protocol['eval_tokens']} bytes of {protocol['num_windows']} windows per length scored, the same bytes at every length.
+{protocol['eval_tokens']} bytes of {protocol['num_windows']} windows per length scored, the same bytes at every length."""
+    body = f"""Bits per byte:
 
-Perplexity per byte:
+{table(results, 'bpb', '{:.4f}')}{pvalues}{rise}
 
-{table(results, 'ppl', '{:.3f}')}
-
-![perplexity against evaluation length, one colour per model](docs/demo_ppl_vs_length.png)
-
-Perplexity on a log axis against the evaluation length (log2 axis, with its multiple of the training
-length); when some curves rise past twice the best perplexity, the right panel zooms on the others.
-
-Bits per byte, DAPE-X against X (the difference with its confidence interval, Welch's and the exact p), what the
-numbers show, the paper's Table 5 beside them{rest}: [docs/demo_results.md](docs/demo_results.md).
-{END}"""
-
-    page = f"""# The CPU demo: the rest of its results
-
-Written by `demo_report.py` from the same run as the README's [Results: the CPU
-demo](../README.md#results-the-cpu-demo), which gives the setting, the perplexity table and the plot:
-`{command}` on {today}, {where}.{took}
-
-Bits per byte:
-
-{table(results, 'bpb', '{:.4f}')}{pvalues}
-
-What these numbers show (computed by `demo_report.py` from the README's perplexity table and the
-comparisons above):
+What these numbers show (computed by `demo_report.py` from the perplexity table and the comparisons above):
 
 {observations(results)}
 
@@ -411,10 +502,65 @@ For comparison, the paper's Table 5 (mean of 3 seeds; subword perplexity, so the
 
 What a CPU-scale run does and does not reproduce: the models are far smaller than the paper's 125M,
 trained for minutes on bytes rather than days on BPE tokens, {scope}; absolute perplexities
-and the size of the gaps are not comparable. It does test the
-qualitative claims (RoPE degrading past its training length, ALiBi flat, DAPE-X at or below X), with
-every model seeing the same scored bytes; where the list above disagrees with the paper, that is the
-result of this run, not tuned away.{rope_section(saved, meta["loss_by_position_plot"])}{passkey_section(saved)}
+and the size of the gaps are not comparable. It does test the qualitative claims (a static encoding
+degrading past its training length, DAPE-X at or below X), with every model seeing the same scored bytes;
+where the list above disagrees with the paper, that is the result of this run, not tuned away.{
+rope_section(saved, meta["loss_by_position_plot"])}{passkey_section(saved)}"""
+    return {"results": results, "meta": meta, "full": full, "command": command, "measured": measured,
+            "ppl": table(results, "ppl", "{:.3f}"), "primary": primary_text(results, tests, docs=docs), "body": body}
+
+
+def render(saved):
+    """The README section and docs/demo_results.md from the files save() wrote. A whole study kept beside the
+    headline (SAVED-full, as demo.sh writes results/demo and results/demo-full) follows on the page with its own
+    tests."""
+    head = study(saved, docs="docs/")
+    whole = saved.rstrip(os.sep) + "-full"
+    whole = None if head["full"] or not os.path.isfile(os.path.join(whole, "results.json")) else study(whole)
+    rest = (f"; the whole study (`{whole['command']}`) after it" if whole else
+            ", RoPE context extension and passkey retrieval from the same run" if head["full"] else
+            " (`bash demo.sh --full` adds DAPE V2, ALiBi, RoPE, FoX and PaTH with and without DAPE, RoPE context "
+            "extension and passkey retrieval)")
+    primary = f"{head['primary']}\n\n" if head["primary"] else ""
+    section = f"""{START}
+## Results: the CPU demo
+
+{primary}{head['measured']}
+
+Perplexity per byte:
+
+{head['ppl']}
+
+![perplexity against evaluation length, one colour per model](docs/demo_ppl_vs_length.png)
+
+Perplexity on a log axis against the evaluation length (log2 axis, with its multiple of the training
+length); when some curves rise past twice the best perplexity, the right panel zooms on the others.
+
+Bits per byte, DAPE-X against X (the difference with its confidence interval, Welch's and the exact p), the
+rise, what the numbers show, the paper's Table 5 beside them{rest}: [docs/demo_results.md](docs/demo_results.md).
+{END}"""
+    again = study(saved)["primary"]
+    page = f"""# The CPU demo: the rest of its results
+
+Written by `demo_report.py` from the same run as the README's [Results: the CPU
+demo](../README.md#results-the-cpu-demo), which gives the setting, the perplexity table and the plot.
+
+{f"{again}{chr(10)}{chr(10)}" if again else ""}{head['measured']}
+
+{head['body']}
+"""
+    if whole:
+        page += f"""
+## The whole study
+
+{f"{whole['primary']}{chr(10)}{chr(10)}" if whole['primary'] else ""}{whole['measured']}
+Its tests are its own families, apart from the headline's.
+
+Perplexity per byte:
+
+{whole['ppl']}
+
+{whole['body']}
 """
     return section, page
 
@@ -446,15 +592,18 @@ def report(results_dir, minutes=None, models=None):
 
 
 def publish(results_dir):
-    """The README section, docs/demo_results.md, the plots and docs/results/demo/ from results_dir, unless that
-    would drop rows of the published study."""
+    """The README section, docs/demo_results.md, the plots and the run's files: a headline run's into PUBLISHED, a
+    --full run's into PUBLISHED-full (the page renders both), unless that would drop rows of the run published
+    there."""
     if not os.path.isfile(os.path.join(results_dir, "results.json")):
         sys.exit(f"no {results_dir}/results.json: eval_extrapolate.py --out_dir={results_dir} writes it (demo.sh runs both)")
-    lost = dropped_rows(results_dir, os.path.join(ROOT, PUBLISHED))
+    full = os.path.exists(os.path.join(results_dir, "rope_scaling", "results.json"))
+    target = PUBLISHED + "-full" if full else PUBLISHED
+    lost = dropped_rows(results_dir, os.path.join(ROOT, target))
     if lost:
-        sys.exit(f"--publish refused: {results_dir} would drop what {PUBLISHED}/ publishes: {'; '.join(lost)}. "
-                 f"Run the same study (e.g. bash demo.sh --full, with as many --seeds) and publish its results "
-                 f"directory, or, to replace the study on purpose, git rm -r {PUBLISHED} first")
+        sys.exit(f"--publish refused: {results_dir} would drop what {target}/ publishes: {'; '.join(lost)}. "
+                 f"Run the same study (bash demo.sh{' --full' if full else ''}, with as many --seeds) and publish "
+                 f"its results directory, or, to replace the study on purpose, git rm -r {target} first")
     if is_published(results_dir):
         sys.exit(f"--publish: {results_dir} is already published (print it with --tables_from={results_dir})")
     readme_path = os.path.join(ROOT, "README.md")
@@ -463,15 +612,18 @@ def publish(results_dir):
     if START not in readme or END not in readme:
         sys.exit(f"README.md has no {START} ... {END} section to replace")
     plot = os.path.join(results_dir, "ppl_vs_length.png")
-    if not os.path.isfile(plot):
+    if not full and not os.path.isfile(plot):
         sys.exit(f"--publish: no {plot}, the README's plot: evaluate the run again with eval_extrapolate.py "
                  f"--out_dir={results_dir} --plot=True")
     if not os.path.isfile(os.path.join(results_dir, "meta.json")):
         write_meta(results_dir)
     # rendered from the run's files, which save copies as they are: a file the texts need that is missing or
     # unreadable stops here, before docs/ changes
-    section, page = render(results_dir)
-    save(results_dir)
+    render(results_dir)
+    save(results_dir, target)
+    headline = os.path.join(ROOT, PUBLISHED)
+    section, page = render(headline if os.path.isfile(os.path.join(headline, "results.json")) else
+                           os.path.join(ROOT, target))
     head, rest = readme.split(START, 1)
     tail = rest.split(END, 1)[1]
     for path, text in ((readme_path, head + section + tail), (os.path.join(ROOT, "docs", "demo_results.md"), page)):
@@ -479,8 +631,8 @@ def publish(results_dir):
         with open(tmp, "w") as f:
             f.write(text)
         os.replace(tmp, path)
-    print(f"README.md (its results section) and docs/demo_results.md rewritten from {results_dir}/results.json, "
-          f"which is kept with what else they are made of in {PUBLISHED}/; plots in docs/")
+    print(f"README.md (its results section) and docs/demo_results.md rewritten from {target}/, copied from "
+          f"{results_dir}; plots in docs/")
 
 
 def tables_from(saved):

@@ -47,7 +47,7 @@ def test_demo_smoke_runs_end_to_end(tmp_path):
     copy_repo(tmp_path)
     env = dict(os.environ, DEMO_SKIP_INSTALL="1", PYTHON=sys.executable)
     before_runs = snapshot(tmp_path)
-    # the headline: the Kerple trio with every seed, ALiBi and RoPE with one
+    # the headline: Kerple, DAPE-Kerple, FIRE and DAPE-FIRE with every seed
     run = subprocess.run(["bash", "demo.sh", "--smoke"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "training 8 models, 2 at a time" in run.stdout and "done in" in run.stdout
@@ -55,10 +55,10 @@ def test_demo_smoke_runs_end_to_end(tmp_path):
     assert "about 0 min of training left" in run.stdout and "training the passkey model" not in run.stdout
     head = tmp_path / "results" / "demo-smoke"
     results = json.loads((head / "results.json").read_text())
-    labels = ["kerple", "dape-kerple", "dapev2-kerple", "alibi", "rope"]
-    assert [(g["label"], g["n"]) for g in results["groups"]] == [(l, 2) for l in labels[:3]] + [(l, 1) for l in labels[3:]]
+    labels = ["kerple", "dape-kerple", "fire", "dape-fire"]
+    assert [(g["label"], g["n"]) for g in results["groups"]] == [(l, 2) for l in labels]
     assert [(c["label"], c["baseline"]) for c in results["comparisons"]] == [("dape-kerple", "kerple"),
-                                                                           ("dapev2-kerple", "kerple")]
+                                                                           ("dape-fire", "fire")]
     assert not (head / "rope_scaling").exists() and not (head / "passkey").exists()
     # the run's report is in its results directory, and no file of the repository changed
     assert "Measured by `bash demo.sh --seeds=2`" in (head / "report.md").read_text()
@@ -71,20 +71,18 @@ def test_demo_smoke_runs_end_to_end(tmp_path):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "training 34 models, 2 at a time" in run.stdout and run.stdout.count(", resume)") == 8
     # the headline's models were trained to the end: counted, but not in the time per model
-    headline = [f"{name}_s{k}" for name in ("kerple", "dape_kerple", "dape2_kerple") for k in (1, 2)]
-    assert sorted(line.split()[2] for line in run.stdout.splitlines() if "] reused " in line) == sorted(
-        headline + ["alibi_s1", "rope_s1"])
+    headline = [f"{name}_s{k}" for name in ("kerple", "dape_kerple", "fire", "dape_fire") for k in (1, 2)]
+    assert sorted(line.split()[2] for line in run.stdout.splitlines() if "] reused " in line) == sorted(headline)
     assert counts_of(run.stdout) == [f"[{k}/35" for k in range(1, 36)], counts_of(run.stdout)
     assert "[35/35] done  passkey_rope_s1 in" in run.stdout
     res = tmp_path / "results" / "demo-smoke-full"
     for name in ("results.json", "results.md", "results.csv", "ppl_vs_length.png"):
         assert (res / name).stat().st_size > 0, name
     results = json.loads((res / "results.json").read_text())
-    labels = ["kerple", "dape-kerple", "dapev2-kerple", "alibi", "rope", "fire", "dape-fire", "fox", "dape-fox", "path",
-              "dape-path",
-              "path_fox", "dape-path_fox", "dape-kerple-zero", "nope+sb", "dape-nope+sb", "kerple+logn",
+    labels = ["kerple", "dape-kerple", "fire", "dape-fire", "dapev2-kerple", "alibi", "rope", "fox", "dape-fox", "path",
+              "dape-path", "path_fox", "dape-path_fox", "dape-kerple-zero", "nope+sb", "dape-nope+sb", "kerple+logn",
               "dape-kerple+logn"]
-    several = labels[:3] + labels[5:]
+    several = [label for label in labels if label not in ("alibi", "rope")]
     assert [r["label"] for r in results["runs"]] == [l for l in labels for _ in range(2 if l in several else 1)]
     assert [(g["label"], g["n"]) for g in results["groups"]] == [(l, 2 if l in several else 1) for l in labels]
     inits = {r["label"]: r["model_args"].get("dape_init") for r in results["runs"]
@@ -92,9 +90,9 @@ def test_demo_smoke_runs_end_to_end(tmp_path):
     assert inits == {"dape-kerple": "default", "dape-kerple-zero": "zero"}
     # DAPE-X against X: every pair has two seeds a side, so a p-value at every length
     assert [(c["label"], c["baseline"]) for c in results["comparisons"]] == [
-        ("dape-kerple", "kerple"), ("dapev2-kerple", "kerple"), ("dape-fire", "fire"), ("dape-fox", "fox"), ("dape-path", "path"),
-        ("dape-path_fox", "path_fox"), ("dape-kerple-zero", "kerple"), ("dape-nope+sb", "nope+sb"),
-        ("dape-kerple+logn", "kerple+logn"), ("dape-kerple-zero", "dape-kerple")]
+        ("dape-kerple", "kerple"), ("dape-fire", "fire"), ("dapev2-kerple", "kerple"), ("dape-fox", "fox"), ("dape-path", "path"),
+        ("dape-path_fox", "path_fox"), ("dape-kerple-zero", "kerple"), ("dape-kerple-zero", "dape-kerple"),
+        ("dape-nope+sb", "nope+sb"), ("dape-kerple+logn", "kerple+logn")]
     assert all(p["status"] == "ok" for c in results["comparisons"] for p in c["p_value"].values())
     assert results["lengths"] == [16, 32, 64, 128, 256]  # 1x .. 16x the training length
     for run_ in results["runs"]:
@@ -118,49 +116,63 @@ def test_demo_smoke_runs_end_to_end(tmp_path):
 
     # nothing that the repository tracks changed: publishing is a step of its own
     assert snapshot(tmp_path) == before_runs
-    # the README section and docs/demo_results.md are rewritten from results.json, and nothing else
+    # the README section and docs/demo_results.md are rewritten from results.json, and nothing else; this
+    # repository's published runs are replaced on purpose (git rm -r), as the refusal below says
     readme = tmp_path / "README.md"
     before = readme.read_text()
     subprocess.run([sys.executable, "demo_report.py", str(res), "--minutes=7", "--models=27"], cwd=tmp_path,
                    check=True, capture_output=True)
     assert readme.read_text() == before and "This run trained 27 models and took 7 min" in (res / "report.md").read_text()
-    subprocess.run([sys.executable, "demo_report.py", str(res), "--publish"], cwd=tmp_path, check=True,
-                   capture_output=True)
+    for published in ("demo", "demo-full"):
+        shutil.rmtree(tmp_path / "docs" / "results" / published, ignore_errors=True)
+    for run_dir in (head, res):
+        subprocess.run([sys.executable, "demo_report.py", str(run_dir), "--publish"], cwd=tmp_path, check=True,
+                       capture_output=True)
     after = readme.read_text()
     # outside the section nothing changes: the first command line gives the demo's measured time
     assert before.split("<!-- demo-results:start -->")[0] == after.split("<!-- demo-results:start -->")[0]
     assert before.split("<!-- demo-results:end -->")[1] == after.split("<!-- demo-results:end -->")[1]
     section = after.split("<!-- demo-results:start -->")[1]
-    assert "Measured by `bash demo.sh --full --seeds=2`" in section
-    kerple = next(g for g in results["groups"] if g["label"] == "kerple")["ppl"]["16"]
-    assert f"| kerple | 2 | {kerple['mean']:.3f} ± {kerple['std']:.3f} |" in section
-    assert "| fox | 2 |" in section and "| dape-fox | 2 |" in section and "| alibi | 1 |" in section
+    # the README gives the headline: the registered primary test's sentence first (seeds 1 and 2 do not carry it)
+    assert section.split("\n\n")[1].startswith("The primary test registered in")
+    assert "Measured by `bash demo.sh --seeds=2`" in section and "the whole study (`bash demo.sh --full --seeds=2`)" in section
+    kerple = next(g for g in json.loads((head / "results.json").read_text())["groups"] if g["label"] == "kerple")
+    assert f"| kerple | 2 | {kerple['ppl']['16']['mean']:.3f} ± {kerple['ppl']['16']['std']:.3f} |" in section
+    assert "| fire | 2 |" in section and "| fox |" not in section
     assert "docs/demo_ppl_vs_length.png" in section and "docs/demo_results.md" in section
     page = (tmp_path / "docs" / "demo_results.md").read_text()
+    headline_page, whole = page.split("\n## The whole study\n")
     p = results["comparisons"][0]["p_value"]["16"]
-    assert f"| dape-kerple vs kerple | {p['p']:.3g} (exact " in page and "| dape-fox vs fox |" in page
-    assert f"| dape-kerple - kerple | {p['mean_diff']:+.3f} [{p['ci'][0]:+.3f}, {p['ci'][1]:+.3f}] |" in page
+    assert f"| dape-kerple vs kerple | {p['p']:.3g} (exact " in whole and "| dape-fox vs fox |" in whole
+    assert f"| dape-kerple - kerple | {p['mean_diff']:+.3f} [{p['ci'][0]:+.3f}, {p['ci'][1]:+.3f}] |" in whole
+    assert "| dape-fox vs fox |" not in headline_page and "| dape-fire vs fire |" in headline_page
     assert "DAPE lower, Holm-adjusted exact p < 0.05, at" in page and "below kerple at" in page
     assert "with 2 seeds of the pairs" in page and "three seeds" not in page and "runs three" not in page
-    assert "This run trained 27 models and took 7 min" in page
+    assert "Measured by `bash demo.sh --full --seeds=2`" in whole and "This run trained 27 models and took 7 min" in whole
     assert (tmp_path / "docs" / "demo_ppl_vs_length.png").exists()
-    assert "RoPE context extension at evaluation" in page and "Passkey retrieval" in page
+    assert "RoPE context extension at evaluation" in whole and "Passkey retrieval" in whole
     assert (tmp_path / "docs" / "demo_loss_by_position.png").exists()
-    # what they are made of is kept in docs/results/demo/, from which --tables_from prints them again
-    saved = tmp_path / "docs" / "results" / "demo"
-    assert sorted(str(p.relative_to(saved)) for p in saved.rglob("*") if p.is_file()) == [
-        "meta.json", "passkey/passkey.json", "passkey/passkey.md", "results.json", "rope_scaling/results.json"]
+    # what they are made of is kept in docs/results/demo/ and demo-full/, from which --tables_from prints them again
+    saved = tmp_path / "docs" / "results"
+    assert sorted(str(p.relative_to(saved)) for d in ("demo", "demo-full") for p in (saved / d).rglob("*")
+                  if p.is_file()) == [
+        "demo-full/meta.json", "demo-full/passkey/passkey.json", "demo-full/passkey/passkey.md",
+        "demo-full/results.json", "demo-full/rope_scaling/results.json", "demo/meta.json", "demo/results.json"]
     again = subprocess.run([sys.executable, "demo_report.py", "--tables_from=docs/results/demo"], cwd=tmp_path,
                            check=True, capture_output=True, text=True).stdout
     written = "<!-- demo-results:start -->" + section.split("<!-- demo-results:end -->")[0] + "<!-- demo-results:end -->"
     assert again == f"{written}\n\n{page}\n"
-    # the headline's run published over the whole study would drop its rows: refused, nothing written
+    # a run with fewer rows than the one published in its place would drop them: refused, nothing written
     published = snapshot(tmp_path)
-    refused = subprocess.run([sys.executable, "demo_report.py", str(head), "--publish"], cwd=tmp_path,
+    fewer = tmp_path / "results" / "fewer"
+    shutil.copytree(head, fewer)
+    data = json.loads((fewer / "results.json").read_text())
+    data["groups"] = [g for g in data["groups"] if g["label"] != "fire"]
+    (fewer / "results.json").write_text(json.dumps(data))
+    refused = subprocess.run([sys.executable, "demo_report.py", str(fewer), "--publish"], cwd=tmp_path,
                              capture_output=True, text=True)
     assert refused.returncode == 1 and "--publish refused" in refused.stderr, refused.stderr
-    assert "fox (not in this run)" in refused.stderr and "passkey/passkey.json (not in this run)" in refused.stderr
-    assert "git rm -r docs/results/demo" in refused.stderr
+    assert "fire (not in this run)" in refused.stderr and "git rm -r docs/results/demo first" in refused.stderr
     assert snapshot(tmp_path) == published
 
 
@@ -208,28 +220,70 @@ def test_significance_is_counted_with_its_direction():
     assert demo_report.significance_text(_comparison({64: "n/a: 1 seed"}), {("dape-kerple", "kerple"): {}}) is None
 
 
-def test_exact_tests_are_the_permutation_tests_of_the_seeds_with_holm_over_the_table():
+def test_exact_tests_are_the_permutation_tests_of_the_seeds_with_holm_per_family():
     """exact_tests: the permutation test of the seeds' perplexities wherever the evaluation made Welch's test, and
-    Holm's adjustment over all of them (the p-value table's comparisons)."""
+    Holm's adjustment within each pair's lengths; the registered primary cell (DAPE-FIRE against FIRE at 16x the
+    training length, over seeds 1 to 5) is a family of its own, unadjusted, and only over those seeds."""
     from results import holm, permutation_test
     import demo_report
-    groups = [{"label": "kerple", "n": 5, "ppl": {"64": _seeds(7.0, 5), "128": _seeds(7.1, 5)}},
-              {"label": "dape-kerple", "n": 5, "ppl": {"64": _seeds(6.0, 5), "128": _seeds(7.1, 5)}},
-              {"label": "dapev2-kerple", "n": 5, "ppl": {"64": _seeds(5.0, 5), "128": _seeds(6.0, 5)}},
-              {"label": "fox", "n": 1, "ppl": {"64": _seeds(6.0, 1), "128": _seeds(6.0, 1)}}]
+    five = lambda label, m64, m128, block=8: {"label": label, "n": 5, "seeds": [1, 2, 3, 4, 5], "block_size": block,
+                                              "ppl": {"64": _seeds(m64, 5), "128": _seeds(m128, 5)}}
+    groups = [five("kerple", 7.0, 7.1), five("dape-kerple", 6.0, 7.1), five("dapev2-kerple", 5.0, 6.0),
+              {"label": "fox", "n": 1, "ppl": {"64": _seeds(6.0, 1), "128": _seeds(6.0, 1)}},
+              five("fire", 7.0, 9.0), five("dape-fire", 6.0, 8.0)]
     results = {"lengths": [64, 128], "groups": groups, "comparisons": [
         _comparison({64: (0.001, -1.0), 128: (1.0, 0.0)}),
         dict(_comparison({64: (0.001, -2.0), 128: (0.001, -1.1)}), label="dapev2-kerple"),
-        dict(_comparison({64: "n/a: 1 seed", 128: "n/a: 1 seed"}), label="dape-fox", baseline="fox")]}
+        dict(_comparison({64: "n/a: 1 seed", 128: "n/a: 1 seed"}), label="dape-fox", baseline="fox"),
+        dict(_comparison({64: (0.001, -1.0), 128: (0.001, -1.0)}), label="dape-fire", baseline="fire")]}
     tests = demo_report.exact_tests(results)
     assert tests[("dape-fox", "fox")] == {} and set(tests[("dape-kerple", "kerple")]) == {64, 128}
     t64, t128 = tests[("dape-kerple", "kerple")][64], tests[("dape-kerple", "kerple")][128]
     assert t64["p_exact"] == permutation_test(groups[1]["ppl"]["64"]["values"], groups[0]["ppl"]["64"]["values"])["p"]
     assert (t64["p_exact"], t128["p_exact"]) == (pytest.approx(2 / 252), 1.0)
-    every = [t for pair in tests.values() for t in pair.values()]  # the two pairs' four tests: one table
-    assert len(every) == 4 and [t["p_holm"] for t in every] == holm([t["p_exact"] for t in every])
-    assert "| dape-kerple vs kerple | 0.001 (exact 0.0079, Holm 0.032) | 1 (exact 1, Holm 1) |" in \
+    for pair in (("dape-kerple", "kerple"), ("dapev2-kerple", "kerple")):  # each pair's lengths: one family
+        family = list(tests[pair].values())
+        assert [t["p_holm"] for t in family] == holm([t["p_exact"] for t in family])
+    assert "| dape-kerple vs kerple | 0.001 (exact 0.0079, Holm 0.016) | 1 (exact 1, Holm 1) |" in \
         demo_report.pvalue_table(results, tests)
+    # the primary: 16 x 8 = 128, unadjusted; the pair's other length is a family of one
+    fire = tests[("dape-fire", "fire")]
+    assert demo_report.primary_length(results) == 128 and fire[128]["primary"] and "primary" not in fire[64]
+    assert fire[128]["p_holm"] == fire[128]["p_exact"] == pytest.approx(2 / 252) == fire[64]["p_holm"]
+    text = demo_report.primary_text(results, tests)
+    assert text.startswith("**The primary test**") and "exact two-sided permutation p = 0.0079" in text
+    assert text.endswith("dape-fire lower, significant at 0.05.")
+    # over other seeds the run does not carry it: the cell stays in its pair's family, and the text says so
+    for g in groups[4:]:
+        g["seeds"] = [1, 2, 3, 4, 6]
+    tests = demo_report.exact_tests(results)
+    assert demo_report.primary_length(results) is None and fire[128]["p_holm"] != tests[("dape-fire", "fire")][128][
+        "p_holm"] == pytest.approx(2 * 2 / 252)
+    assert "is not this run's: it has seeds 1, 2, 3, 4, 6 and 1, 2, 3, 4, 6" in demo_report.primary_text(results, tests)
+
+
+def test_the_rises_are_compared_per_seed_in_one_family():
+    """rise_tests: each seed's perplexity at the longest length over its own at the first, DAPE-X against X with
+    the exact permutation test, Holm over the pairs (one family); with 3 seeds a side the table says the family
+    is a description."""
+    from results import holm, permutation_test
+    import demo_report
+    group = lambda label, first, last: {"label": label, "n": 3, "ppl": {"64": _seeds(first), "128": _seeds(last)}}
+    groups = [group("kerple", 7.0, 7.1), group("dape-kerple", 6.0, 6.5), group("fire", 7.0, 14.0),
+              group("dape-fire", 6.5, 13.0)]
+    results = {"lengths": [64, 128], "groups": groups, "comparisons": [
+        _comparison({64: (0.01, -1.0), 128: (0.01, -0.6)}),
+        dict(_comparison({64: (0.01, -0.5), 128: (0.01, -1.0)}), label="dape-fire", baseline="fire")]}
+    rises = demo_report.rise_tests(results)
+    ratio = lambda g: [b / a for a, b in zip(g["ppl"]["64"]["values"], g["ppl"]["128"]["values"])]
+    assert [(r["label"], r["baseline"]) for r in rises] == [("dape-kerple", "kerple"), ("dape-fire", "fire")]
+    for r, (a, b) in zip(rises, ((groups[1], groups[0]), (groups[3], groups[2]))):
+        assert r["p_exact"] == permutation_test(ratio(a), ratio(b))["p"]
+        assert r["diff"] == pytest.approx(sum(ratio(a)) / 3 - sum(ratio(b)) / 3)
+    assert [r["p_holm"] for r in rises] == holm([r["p_exact"] for r in rises])
+    table = demo_report.rise_table(results, rises)
+    assert "| dape-fire vs fire | " in table and "over the 2 pairs (one family)" in table
+    assert table.endswith("No comparison of this family can reach a Holm p below 0.05: it is a description.")
 
 
 def test_pvalue_table_keeps_a_pair_with_a_test_at_any_length():
@@ -247,12 +301,12 @@ def test_pvalue_table_keeps_a_pair_with_a_test_at_any_length():
 
 
 def test_report_states_the_seeds_it_was_given(tmp_path, monkeypatch):
-    """The number of seeds in the text is the number in results.json (here 5), never a fixed one."""
+    """The number of seeds in the text is the number in results.json (here 6; demo.sh runs 5 by default), never a fixed one."""
     import demo_report
     lengths = [64, 128]
     groups = [{"label": label, "n": n, "seeds": list(range(1, n + 1)),
                "ppl": {str(L): _seeds(6.0 - i, n) for L in lengths}, "bpb": {str(L): _seeds(2.5, n) for L in lengths}}
-              for i, (label, n) in enumerate([("kerple", 5), ("dape-kerple", 5), ("alibi", 1)])]
+              for i, (label, n) in enumerate([("kerple", 6), ("dape-kerple", 6), ("alibi", 1)])]
     results = {"lengths": lengths, "protocol": {"eval_tokens": 8, "num_windows": 2},
                "runs": [{"model_args": {"n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 64}, "iter_num": 10}],
                "groups": groups, "comparisons": [_comparison({64: (0.01, -1.0), 128: (0.2, -1.0)})]}
@@ -264,13 +318,13 @@ def test_report_states_the_seeds_it_was_given(tmp_path, monkeypatch):
     monkeypatch.setattr(demo_report, "ROOT", str(tmp_path))
     demo_report.publish(str(res))
     readme, page = (tmp_path / "README.md").read_text(), (tmp_path / "docs" / "demo_results.md").read_text()
-    assert "Measured by `bash demo.sh --seeds=5`" in readme and "5 seeds of kerple, dape-kerple" in readme
+    assert "Measured by `bash demo.sh --seeds=6`" in readme and "6 seeds of kerple, dape-kerple" in readme
     assert readme.startswith("intro\n") and readme.endswith("\nend\n")
-    assert "two-sided p (5 seeds a side)" in page and "with 5 seeds of the pairs" in page
+    assert "two-sided p (6 seeds a side)" in page and "with 6 seeds of the pairs" in page
     assert "three" not in page + readme
-    # 5 seeds a side fully apart: exact p 2/252 at each length, Holm over the 2 tests below 0.05 at both
+    # 6 seeds a side fully apart: exact p 2/924 at each length, Holm over the pair's 2 lengths below 0.05 at both
     assert "DAPE lower, Holm-adjusted exact p < 0.05, at 2 of 2 lengths" in page
-    assert "Smallest possible exact p: 0.0079 with 5 and 5 seeds." in page and "can reach" not in page
+    assert "Smallest possible exact p: 0.0022 with 6 and 6 seeds." in page and "can reach" not in page
 
 
 def _demo_results(counts):
@@ -355,7 +409,9 @@ def test_every_figure_of_the_report_comes_from_its_files(tmp_path):
     import results
     saved = os.path.join(ROOT, "docs", "results", "demo")
     copy = tmp_path / "demo"
-    shutil.copytree(saved, copy)
+    studies = [name for name in ("demo", "demo-full") if os.path.isdir(os.path.join(ROOT, "docs", "results", name))]
+    for name in studies:  # the headline and the whole study the page renders after it
+        shutil.copytree(os.path.join(ROOT, "docs", "results", name), tmp_path / name)
 
     def perturb(x, key=None):
         if isinstance(x, dict):
@@ -376,27 +432,43 @@ def test_every_figure_of_the_report_comes_from_its_files(tmp_path):
                                           "block_size", "max_iters"):
             return x + 3
         return x
-    for path in copy.rglob("*.json"):
+    for path in tmp_path.rglob("*.json"):
         path.write_text(json.dumps(perturb(json.loads(path.read_text()))))
-    md = copy / "passkey" / "passkey.md"  # eval_passkey's tables: every decimal figure in it changed too
-    if md.exists():
+    for md in tmp_path.rglob("passkey.md"):  # eval_passkey's tables: every decimal figure in it changed too
         md.write_text(_re.sub(r"\d+(\.\d+)?", lambda m: f"{float(m[0]) + 1.2345:.{len(m[1] or '.') - 1}f}",
                               md.read_text()))
     # The exact test's p takes only the few values k / C(n_a + n_b, n_a) that the seed counts (kept) allow, so a
     # changed file may leave one where it was: those cells are checked against the test recomputed from the
     # changed file instead, and the smallest p the seed counts allow is a rule, as the significance level is
     exact_cell = _re.compile(r" \(exact [^,]+, Holm [^)]+\)")
-    changed_results = json.loads((copy / "results.json").read_text())
-    tests = demo_report.exact_tests(changed_results)
+    cells, tests = [], {}
+    for name in studies:  # per study, in the page's order: the tests per length, then the rises
+        changed_results = json.loads((tmp_path / name / "results.json").read_text())
+        per_length = demo_report.exact_tests(changed_results)
+        tests.update({(name, key): pair for key, pair in per_length.items()})
+        rises = demo_report.rise_tests(changed_results)
+        cells += [(t["p_exact"], t["p_holm"]) for c in changed_results["comparisons"]
+                  for t in per_length[(c["label"], c["baseline"])].values()]
+        cells += [(r["p_exact"], r["p_holm"]) for r in rises]
+        tests.update({(name, "rise", r["label"], r["baseline"]): {0: r} for r in rises})
     changed_text = "\n".join(demo_report.render(str(copy)))
-    assert exact_cell.findall(changed_text) == [
-        f" (exact {results.p_text(t['p_exact'])}, Holm {results.p_text(t['p_holm'])})" for c in changed_results["comparisons"]
-        for L, t in tests[(c["label"], c["baseline"])].items()]
+    assert exact_cell.findall(changed_text.split("\n<!-- demo-results:end -->")[1]) == [
+        f" (exact {results.p_text(p)}, Holm {results.p_text(h)})" for p, h in cells]
+    # the primary test's exact p likewise, where the run carries it (README and page state it)
+    primary_cell = _re.compile(r" = \S+ \(the smallest that \d+ against \d+ seeds allow: \S+\)")
+    headline = json.loads((copy / "results.json").read_text())
+    length = demo_report.primary_length(headline)
+    if length is not None:
+        t = demo_report.exact_tests(headline)[demo_report.PRIMARY][length]
+        assert primary_cell.findall(changed_text)[:1] == [
+            f" = {results.p_text(t['p_exact'])} (the smallest that {t['n_a']} against {t['n_b']} seeds allow: "
+            f"{results.p_text(t['p_min'])})"]
     # the two texts have the same shape, so their figures pair up in order: a figure typed into a template is
     # one that stays where it was
     number = _re.compile(r"[-+]?(?<![\w.])\d+\.\d+(?:e[-+]\d+)?(?![\w.])")  # 6.7e-05 too
-    original = number.findall(exact_cell.sub("", "\n".join(demo_report.render(saved))))
-    changed = number.findall(exact_cell.sub("", changed_text))
+    strip = lambda text: primary_cell.sub("", exact_cell.sub("", text))
+    original = number.findall(strip("\n".join(demo_report.render(saved))))
+    changed = number.findall(strip(changed_text))
     assert len(original) == len(changed) > 100
     smallest = {f"{t['p_min']:.2g}" for pair in tests.values() for t in pair.values()}
     cited = set(number.findall(demo_report.PAPER_TABLE_5)) | {"0.05"} | smallest
