@@ -934,6 +934,21 @@ def _runs_with_lengths(task, pos, dape, figures, machine='cpu, AVX512 kernels, t
     return {'task': task, 'pos': pos, 'dape': dape, 'runs': runs}
 
 
+def test_retest_tables_pair_runs_by_seed_and_rate():
+    """A run is its seed and its learning rate: the first file's run at a second rate, whose seed the other file
+    holds at the first rate only, is in one file and not counted (the second rate listed first, so that a row of
+    one file alone would pair with another's row)."""
+    figures = lambda shift: [(s, 80.0 + s + shift, {41: 60.0 + s, 51: 50.0 + s}) for s in range(3)]
+    cells = lambda: {('bucket_sort', 'alibi', d): _runs_with_lengths('bucket_sort', 'alibi', d, figures(i))
+                     for i, d in enumerate(('none', 'v1'))}
+    cells_a, cells_b = cells(), cells()
+    cells_a[('bucket_sort', 'alibi', 'none')]['runs'].append(dict(cells_a[('bucket_sort', 'alibi', 'none')]['runs'][0],
+                                                                  learning_rate=3e-3, id_score=10.0))
+    table = C.retest_tables(cells_a, cells_b, ['bucket_sort'], [('alibi', 'none'), ('alibi', 'v1')],
+                            _cfg(seeds='0,1,2', learning_rates='3e-3,1e-3'))
+    assert _row(table, '| bucket_sort | ALiBi | 3 |')[5] == '0' and _row(table, '| all | all | 6 |')[5] == '0', table
+
+
 def test_length_tables_give_every_seed_at_every_length_and_each_dape_difference():
     """Per test length: each encoding's mean with its 95% t interval over every seed (cut to 0-100; the figures are
     scipy's), the seed that did not learn the task included (no threshold decides these); then DAPE-X minus X at

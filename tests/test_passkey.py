@@ -770,6 +770,24 @@ def _cells(table, start):
     return [c.strip() for c in line.strip('|').split('|')]
 
 
+def test_merge_runs_of_unknown_seed_and_their_record(tmp_path):
+    """Runs without a seed cannot be told to be the same run: a second label of the setting is saved, after the
+    first (a seed of None or 0 is not before it). Each saved run names where it was trained as evaluate records
+    it (trained_by), not 'unknown'."""
+    protocol = {'lengths': [96], 'depths': [0.5], 'trials': 2, 'filler': 'val', 'seed': 1337, 'digits': 5,
+                'learned_exact': 0.5}
+    trained = {'commit': 'abc', 'command': 'python train.py', 'machine': 'M', 'date': '2026-12-01'}
+    row = lambda label, seed: {'label': label, 'setting': 'kerple', 'seed': seed, 'block_size': 48,
+                               'per_length': {'96': {'accuracy': 1.0, 'logp_mean': -0.5}}, 'trained_by': trained}
+    path = tmp_path / 'runs.json'
+    EP.merge_runs(str(path), protocol, [row('a', None)])
+    EP.merge_runs(str(path), protocol, [row('b', None)])
+    EP.merge_runs(str(path), protocol, [row('c', 0)])
+    rows = json.loads(path.read_text())['rows']
+    assert [r['label'] for r in rows] == ['a', 'b', 'c']
+    assert all({k: r[k] for k in trained} == trained for r in rows)
+
+
 def test_retest_pairs_the_same_runs_under_two_roundings(tmp_path):
     """--tables_from with --rounding_from: the same runs (setting and seed, whatever their labels and order) under two
     roundings. Per model, how many seeds learned under each and how many changed sides (kerple's seed 2 learns under

@@ -412,6 +412,8 @@ def test_retest_helpers():
     assert results.holds(a, dict(a)) is True and results.holds(a, b) is False
     none = results.compare_means([1.0], [2.0])
     assert results.verdict(none) == none['status'] and results.holds(a, none) is None
+    # a run without a verdict under one rounding (no figure at its training length) has not changed sides
+    assert results.changed_sides([None, True, False, True], [True, True, True, None]) == 1
 
 
 def test_retest_sides_says_what_differs_between_the_two_trainings():
