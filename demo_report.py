@@ -655,8 +655,8 @@ SEARCH_PROTOCOL = ("eval_extrapolate.py --max_length=4096 --num_windows=64 --far
 
 def search_trial(results_dir, name, changes, train_command=None, commit=None):
     """One trial of the search from its evaluation's results.json: its perplexity at every length, its
-    encoding's values per head, the attention mass beyond the training length per layer and head, and where it
-    came from (the training's record in the checkpoint, or train_command and commit where the checkpoint is
+    encoding's values per head, the attention mass beyond the training length per layer and head, the bytes
+    scored (how many a length, the evaluation's seed and its windows' ends), and where it came from (the training's record in the checkpoint, or train_command and commit where the checkpoint is
     older than that record)."""
     with open(os.path.join(results_dir, "results.json")) as f:
         res = json.load(f)
@@ -671,6 +671,9 @@ def search_trial(results_dir, name, changes, train_command=None, commit=None):
             "iters": run["iter_num"], "seed": run["seed"], "trained_by": trained,
             "evaluated_by": res["protocol"].get("evaluated_by", "unknown"), "eval_tokens": res["protocol"]["eval_tokens"],
             "num_windows": res["protocol"]["num_windows"], "lengths": res["lengths"],
+            # which bytes were scored: enough to score the same ones again, or to tell two trials' apart
+            "scored_tokens": res["protocol"]["eval_tokens"] * res["protocol"]["num_windows"],
+            "eval_seed": res["protocol"]["seed"], "window_ends": res["protocol"]["data"][run["data_dir"]]["window_ends"],
             "ppl": {str(L): run["results"][str(L)]["ppl"] for L in res["lengths"]},
             "far_mass": run["far_mass"], "far_mass_windows": run["far_mass_windows"],
             "head_values": run["head_values"]}

@@ -548,6 +548,25 @@ def test_search_file_and_its_tables(tmp_path):
     assert "| fire | 2 | 1024 | 0.650, 0.900 | 0.150, 0.200 | r1 0.2 to 1 (rank correlation with the mass -1.00) |" in text
 
 
+def test_a_search_trial_records_the_bytes_it_scored(tmp_path):
+    """search_trial keeps, from the evaluation's results.json, how many bytes each length scored, the evaluation
+    seed and the windows' ends, beside both runs' provenance."""
+    import demo_report
+    run = {"model_args": {"pos": "fire", "block_size": 64, "n_head": 4}, "iter_num": 500, "seed": 1,
+           "data_dir": "data/gutenberg_char", "trained_by": {"commit": "abc1234", "command": "python train.py",
+                                                              "machine": "m", "date": "2026-12-01"},
+           "results": {"64": {"ppl": 7.0}, "128": {"ppl": 7.7}}, "far_mass": {}, "far_mass_windows": 16,
+           "head_values": []}
+    evaluated = {"commit": "def5678", "command": "python eval_extrapolate.py", "machine": "m", "date": "2026-12-01"}
+    protocol = {"eval_tokens": 32, "num_windows": 64, "seed": 1337, "evaluated_by": evaluated,
+                "data": {"data/gutenberg_char": {"window_ends": [900, 4000]}}}
+    (tmp_path / "results.json").write_text(json.dumps({"protocol": protocol, "lengths": [64, 128], "runs": [run]}))
+    t = demo_report.search_trial(str(tmp_path), "fire", "FIRE instead of Kerple")
+    assert (t["scored_tokens"], t["eval_seed"], t["window_ends"]) == (32 * 64, 1337, [900, 4000])
+    assert t["trained_by"] == run["trained_by"] and t["evaluated_by"] == evaluated
+    assert t["ppl"] == {"64": 7.0, "128": 7.7}
+
+
 def test_rounding_tables_say_where_a_conclusion_holds_under_both():
     """demo_report.py --rounding_from: a label's rows under each rounding, with its kernels, and per DAPE-X
     against X pair how many lengths keep the direction and the Holm verdict under the other rounding: a
