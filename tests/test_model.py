@@ -109,6 +109,22 @@ def test_automatic_blocks_bound_memory(monkeypatch):
     assert max(seen) == 6 and len(seen) == 2 * 7  # 2 layers x ceil(40 / 6) blocks
 
 
+def test_stick_breaking_blocks_count_its_extra_maps(monkeypatch):
+    """Stick-breaking keeps 8 maps of [B, H, Tk] per query, softmax 4: at the same budget its blocks take half
+    the query rows (the memory the budget bounds)."""
+    import model as model_module
+    monkeypatch.setattr(model_module, "ATTN_BLOCK_CACHE_CPU", 2 ** 40)  # the budget alone binds
+    monkeypatch.setattr(model_module, "ATTN_BLOCK_BUDGET", 40 * 8 * 3 * 5)  # 5 stick-breaking rows, 10 softmax
+    rows = {}
+    for attn in ("softmax", "stickbreaking"):
+        model = tiny("kerple", "none", attn=attn)
+        seen = record_query_blocks(monkeypatch)
+        with torch.no_grad():
+            full_logits(model, tokens(1, 40))
+        rows[attn] = max(seen)
+    assert rows == {"softmax": 10, "stickbreaking": 5}
+
+
 @pytest.mark.parametrize("pos", ["kerple", "cope"])
 def test_cpu_blocks_fit_the_cache(monkeypatch, pos):
     """On the CPU a block's [B, H, Q, Tk] map stays within ATTN_BLOCK_CACHE_CPU floats; same logits."""
