@@ -288,6 +288,16 @@ def test_one_layers_module_edited(monkeypatch):
         assert torch.equal(got[0], want[0])
 
 
+@pytest.mark.parametrize("kw", [dict(attn="stickbreaking"), dict(logn_scale="fixed")], ids=["stickbreaking", "logn"])
+def test_the_torch_path_runs_under_another_normalisation(monkeypatch, kw):
+    """dape_impl='torch' with stick-breaking or log-length scaling computes f on dape_torch's path, not the plain
+    form's: their outputs are equal by test, so the calls are counted."""
+    calls, real = [], dape_torch.residual_f
+    monkeypatch.setattr(dape_torch, "residual_f", lambda *a, **k: calls.append(1) or real(*a, **k))
+    step(model(dape, "torch", **kw), torch.randint(0, 32, (2, 19)))
+    assert calls
+
+
 def test_a_subclass_that_overrides_f_runs():
     class Doubled(dape.DAPEV1):
         def f(self, X, future=None):
