@@ -84,6 +84,7 @@ import time
 import types
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 import dape_torch
@@ -350,15 +351,29 @@ def module_call(mod, A, bias, future, mode, fast=False):
 # sections
 
 
+# a reader's edits of dape.py, made to each built module as that edit of its __init__ would build it (dape_paths.py
+# then runs f's own code): --dape=v1~silu, v2~deep
+EDITS = {
+    "silu": lambda m: m.mlp.__setitem__(1, nn.SiLU()) if hasattr(m, "mlp") else setattr(m, "act", nn.SiLU()),
+    "deep": lambda m: m.mlp.insert(2, nn.Linear(m.width, m.width)).insert(3, nn.LeakyReLU(m.slope)) if hasattr(
+        m, "mlp") else setattr(m, "act", nn.Sequential(m.act, nn.Conv2d(m.width, m.width, 1), nn.LeakyReLU(m.slope))),
+}
+
+
 def new_model(sz, cfg, pos_name, dape_name, device="cpu", attn_name="softmax", **kw):
-    """dape_name: none, v1, v2, or v1:torch / v1:triton (and v2's) to force dape_impl; attn_name: one of
-    ATTN_VARIANTS."""
+    """dape_name: none, v1, v2, or v1:torch / v1:triton (and v2's) to force dape_impl, v1~silu (an edit of EDITS);
+    attn_name: one of ATTN_VARIANTS."""
+    dape_name, _, edit = dape_name.partition("~")
     dape_name, _, impl = dape_name.partition(":")
     gcfg = GPTConfig(block_size=sz["block_size"], vocab_size=cfg["vocab_size"], n_layer=sz["n_layer"],
                      n_head=sz["n_head"], n_embd=sz["n_embd"], dropout=0.0, pos=pos_name, dape=dape_name,
                      dape_width=cfg["dape_width"], dape_kernel=cfg["dape_kernel"], dape_impl=impl or "auto",
                      **ATTN_VARIANTS[attn_name], **kw)
-    return GPT(gcfg).to(device)
+    model = GPT(gcfg)
+    if edit:
+        for block in model.transformer.h:
+            EDITS[edit](block.attn.dape)
+    return model.to(device)
 
 
 def train_steps(sz, cfg, pos_list, dape_list, device, autocast_dtype=None, compile_model=False, plain=True,

@@ -11,6 +11,15 @@ mixes the channels of every (query, key) pair into H new ones:
     DAPEV1  f is an MLP applied independently at each (i, j)              (paper eq. 2/3, Appendix J)
     DAPEV2  f is two (1, k) convolutions along the key axis of each row   (DAPE V2, "1xk")
 
+What runs. This file is the definition, and an edit of it (anything but comments and docstrings) runs these
+lines exactly: f, residual_f and finish on blocks of query rows, each against only the keys those rows see
+(dape_torch.own_code), so an edited f trains at about the unedited speed. An f may mix the keys of a row (V2)
+but must not let a key after a query change that query's logits (V2 zeroes the future before each layer), as
+causal attention requires. Unedited, faster re-derivations of the same function from weights() run instead:
+dape_torch.py's tiles on the CPU, dape_triton.py's fused kernel on CUDA; so there a breakpoint or a print in f
+is not hit. `--dape_impl=plain` (GPTConfig.dape_impl) runs these lines whatever the file holds. dape_paths.py
+decides by the code as it is in memory, and says once where an edit sends a module to these lines.
+
 Variants (`dape_variant`), for an encoding with a bias:
     concat_residual   A + bias + f(cat(A, bias))   (default; eq. 3, Appendix J)
     concat            A + f(cat(A, bias))          (eq. 2)
@@ -19,24 +28,14 @@ Variants (`dape_variant`), for an encoding with a bias:
 For an encoding without a bias (nope, rope, learned, sinusoidal, cope) it is A + f(A).
 
 Initialisation (`dape_init`): "default" leaves f as PyTorch initialises its layers (the released code's), so
-that from step 0 f adds to every head a random mix of all heads' logits and biases; "zero" zeroes f's last
-layer (weight and bias), so that f = 0 and DAPE-X computes X at step 0 (with `concat`, A alone) and learns
-f from there, as LoRA's B = 0 and ReZero do. docs/dape_init.md measures both.
+that from step 0 f adds to every head a random mix of all heads' logits and biases; "zero" zeroes f's
+output layer (init_last_layer), so that f = 0 and DAPE-X computes X at step 0 (with `concat`, A alone) and
+learns f from there, as LoRA's B = 0 and ReZero do. docs/dape_init.md measures both.
 
 `future` is the causal mask [Tq, Tk] (True where key j is after query i) or None (bidirectional). f
 never sees -inf: the caller masks after f, or asks forward(..., mask_future=True) for the masked logits
 directly (what attention uses). V2 zeroes the future before each convolution, so that a row's result is
 the same whatever number of future columns the map happens to have (prefix consistency).
-
-This file is the definition, and it is what runs: edit f (or a variant) here and the model computes
-the edit. dape_torch.py (the same function without the plain form's intermediate maps: CPU tiles, whole
-maps elsewhere) and dape_triton.py (fused into the attention kernel on CUDA) are faster ways to compute it
-from weights(). They record the version of this file they implement (dape_torch.IMPLEMENTS); at every call
-dape_paths.py compares a module's code as it is in memory (every attribute of these classes and what their
-functions read), its layers and the library code they run with that record, and where anything differs
-(an edited f, say, but not a comment or a docstring) says so once and runs the plain form instead. Nothing
-about the edit is sampled: it runs exactly as written, within what introspection can see (dape_paths.py
-names what it cannot, such as a change made to torch.Tensor's methods rather than to this file).
 """
 
 import torch
@@ -110,12 +109,24 @@ class _DAPE(nn.Module):
         self.init_last_layer()
 
     def init_last_layer(self):
-        """With init "zero", f's last layer to zero (drawing no random numbers, so that a seed gives both
-        inits the same weights elsewhere)."""
-        if self.init == "zero":
-            with torch.no_grad():
-                for p in self.weights()[2:]:
-                    p.zero_()
+        """With init "zero", f's output layer (the last layer with parameters that __init__ registers) to zero,
+        drawing no random numbers, so that a seed gives both inits the same weights elsewhere. An f that is not
+        then zero is an error naming that layer."""
+        if self.init != "zero":
+            return
+        name, last = [(n, m) for n, m in self.named_modules() if m is not self and list(m.parameters(False))][-1]
+        with torch.no_grad():
+            for p in last.parameters(False):
+                p.zero_()
+            p = next(self.parameters())
+            if p.device.type == "meta":
+                return
+            X = torch.linspace(-3.0, 3.0, self.in_channels * 14, dtype=p.dtype, device=p.device)
+            most = self.f(X.view(1, self.in_channels, 2, 7)).abs().max().item()
+        if most != 0.0:
+            raise ValueError(f"dape_init='zero' zeroed {name}, the last layer with parameters that "
+                             f"{type(self).__name__} registers, but f is not zero at step 0 (max |f| {most:.2g}): "
+                             f"register f's output layer last in __init__, or zero it in init_last_layer")
 
 
 def finish(logits, future, out):

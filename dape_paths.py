@@ -92,7 +92,7 @@ def attention(module, q, k, v, scores, causal, q_offset, step, impl="auto", drop
                 why_not = VERDICTS[key] = f"the fused kernel failed ({dape_check.describe(e)})"
                 BELOW[key] = "torch"
         path = _step_down(why_not, impl, "triton", BELOW.get(key, "torch"))
-    residual_f = functools.partial(dape_torch.residual_f, module) if path == "torch" else None
+    residual_f = functools.partial(dape_torch.residual_f if path == "torch" else dape_torch.own_code, module)
     ys = []
     for s in range(0, Tq, step):
         e = min(s + step, Tq)

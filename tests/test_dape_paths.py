@@ -285,7 +285,8 @@ def test_one_layers_module_edited(monkeypatch):
             got = step(m, x)
         want = step(plain, x)
         assert calls and all(mod is m.transformer.h[0].attn.dape for mod in calls)
-        assert torch.equal(got[0], want[0])
+        # layer 0's fast path rounds its softmax over whole rows, the plain form over the keys a block sees
+        assert torch.allclose(got[0], want[0], rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("kw", [dict(attn="stickbreaking"), dict(logn_scale="fixed")], ids=["stickbreaking", "logn"])
