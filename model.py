@@ -34,7 +34,7 @@ from einops import rearrange
 import dape
 import dape_paths
 from dape import INITS, VARIANTS
-from positional import ENCODINGS, as_map
+from positional import ENCODINGS, as_map, real
 
 # Attention probabilities of far-away keys (exp of very negative logits) underflow into float32
 # denormals, which x86 CPUs process many times slower; flushing them to zero changes no result that
@@ -280,16 +280,16 @@ class SelfAttention(nn.Module):
         return ys[0] if len(ys) == 1 else torch.cat(ys, dim=2)
 
     def scores(self, q, k, pe, pos_q, pos_k, qi, ki, state=None, logits=True):
-        """The logits' terms of the queries at sequence indices qi: A [B, H, Tq, Tk] float32 (None without
-        `logits`; a contextual encoding's own, CoPE's or PaTH's) and the encoding's bias (None, [H, Tq, Tk],
-        [B, H, Tq, Tk] or Terms)."""
+        """The logits' terms of the queries at sequence indices qi: A [B, H, Tq, Tk] in float32 or float64
+        (positional.real; None without `logits`; a contextual encoding's own, CoPE's or PaTH's) and the encoding's
+        bias (None, [H, Tq, Tk], [B, H, Tq, Tk] or Terms)."""
         bias = pe.bias(pos_q, pos_k, q, k, state) if pe.has_bias else None
         if not logits:
             return None, bias
         if pe.contextual:
             return pe.logits(q, k, qi, ki, state), bias
         # q is scaled rather than A: scaling the [B, H, Tq, Tk] map costs a pass over it, and another in backward
-        return ((q * (1.0 / math.sqrt(self.head_size))) @ k.transpose(-2, -1)).float(), bias
+        return real((q * (1.0 / math.sqrt(self.head_size))) @ k.transpose(-2, -1)), bias
 
     def attend_block(self, q, k, v, pe, future, dropout_p, scores, qi):
         """Attention without DAPE of one block of queries, at sequence indices qi; scores(logits) gives their
@@ -496,7 +496,7 @@ class GPT(nn.Module):
         logits = self.lm_head(x)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
+            loss = F.cross_entropy(real(logits.reshape(-1, logits.size(-1))), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
     def flops_per_token(self, T):

@@ -64,6 +64,12 @@ def as_map(bias):
     return bias.map() if isinstance(bias, Terms) else bias
 
 
+def real(t):
+    """t in float32, whatever the autocast dtype, or in float64 where it is float64 (a model in float64 computes
+    its attention in float64: gradcheck, references)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 class PositionalEncoding(nn.Module):
     embed = rotate = bias = logits = state = None  # the methods an encoding may define (see above)
     needs_content = False
@@ -235,7 +241,7 @@ class RoPE(PositionalEncoding):
         inv_freq = self.frequencies(x.device)
         angles = pos.float()[:, None] * inv_freq  # [T, hs/2] float32
         cos, sin = angles.cos(), angles.sin()
-        x1, x2 = x.float()[..., :half], x.float()[..., half:]
+        x1, x2 = real(x)[..., :half], real(x)[..., half:]
         out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
         if self.scaling == 'yarn' and self.scale != 1.0:
             out = out * (0.1 * math.log(self.scale) + 1)  # sqrt(1/t), on q and on k
@@ -310,7 +316,7 @@ class T5Bias(PositionalEncoding):
     def bias(self, pos_q, pos_k, q=None, k=None, state=None):
         rel = pos_k[None, :] - pos_q[:, None]
         buckets = t5_relative_bucket(rel, not self.causal, self.num_buckets, self.max_distance)
-        return self.table(buckets).float().permute(2, 0, 1)  # [H, Tq, Tk]
+        return real(self.table(buckets)).permute(2, 0, 1)  # [H, Tq, Tk]
 
 
 def alibi_slopes(n_head):
@@ -352,7 +358,7 @@ class Kerple(PositionalEncoding):
         nn.init.uniform_(self.r2, 0, 1)
 
     def bias(self, pos_q, pos_k, q=None, k=None, state=None):
-        r1, r2 = _clamp_forward(self.r1, 0.01).float(), _clamp_forward(self.r2, 0.01).float()
+        r1, r2 = real(_clamp_forward(self.r1, 0.01)), real(_clamp_forward(self.r2, 0.01))
         return -r1 * torch.log1p(r2 * self.distance(pos_q, pos_k))
 
 
@@ -371,7 +377,7 @@ class KerplePower(PositionalEncoding):
         nn.init.uniform_(self.p, 0, 2)
 
     def bias(self, pos_q, pos_k, q=None, k=None, state=None):
-        a, p = _clamp_forward(self.a, 0.01).float(), _clamp_forward(self.p, 0.01, 2.0).float()
+        a, p = real(_clamp_forward(self.a, 0.01)), real(_clamp_forward(self.p, 0.01, 2.0))
         d = self.distance(pos_q, pos_k)
         # d^p has gradient d^p * log(d) in p, which is 0 * -inf at d = 0: keep d = 0 out of the power
         # (the smallest nonzero distance is 1/2, a key on the left with bidir_bias)
@@ -401,15 +407,15 @@ class FIRE(PositionalEncoding):
         nn.init.constant_(self.L_mult, 1.0)
 
     def bias(self, pos_q, pos_k, q=None, k=None, state=None):
-        c = self.c.abs().float()
+        c = real(self.c.abs())
         psi = lambda x: torch.log(c * x + 1)
         d = self.distance(pos_q, pos_k)
-        threshold = (self.L_mult.abs() * self.L0).float()
+        threshold = real(self.L_mult.abs() * self.L0)
         denom = psi(torch.maximum(pos_q.float(), threshold))[:, None] + self.eps  # [Tq, 1]
         x = (psi(d) / denom)[..., None]  # [Tq, Tk, 1]
         # the MLP runs in float32 even under autocast: its input resolves distances 1/8192 apart
         with torch.autocast(device_type=x.device.type, enabled=False):
-            b = self.mlp(x.float())
+            b = self.mlp(real(x))
         return b.permute(2, 0, 1)  # [H, Tq, Tk]
 
 
@@ -434,7 +440,7 @@ class CoPE(PositionalEncoding):
 
     def logits(self, q, k, qi, ki, state=None):
         # qi: key-index of each query [Q]; ki: [Tk]
-        A = ((q * (1.0 / math.sqrt(self.head_size))) @ k.transpose(-2, -1)).float()
+        A = real((q * (1.0 / math.sqrt(self.head_size))) @ k.transpose(-2, -1))
         gates = torch.sigmoid(A)
         before = ki[None, :] <= qi[:, None]  # key j at or before query i
         if self.causal:
@@ -445,7 +451,7 @@ class CoPE(PositionalEncoding):
         # gates summed over the keys between j and i, both ends included, whichever comes first
         p = torch.where(before, csum_i - csum + gates, csum - csum_i + gate_i)
         p = p.clamp(max=self.npos_max - 1)
-        logits_int = q.float() @ self.pos_emb.float()  # [B, H, Q, npos_max]
+        logits_int = real(q) @ real(self.pos_emb)  # [B, H, Q, npos_max]
         p_floor = p.floor()
         w = p - p_floor
         lo = logits_int.gather(-1, p_floor.long())
@@ -480,9 +486,9 @@ class XLRelative(PositionalEncoding):
         dists = torch.arange(lo, int(rel.max()) + 1, device=q.device)
         with torch.autocast(device_type=q.device.type, enabled=False):
             r = self.W_R(sinusoid(dists, self.n_embd)).view(-1, H, hs).transpose(0, 1)  # [H, Nd, hs]
-            pos_term = (q.float() + self.v[:, None, :]) @ r.transpose(1, 2)  # [B, H, Q, Nd]
+            pos_term = (real(q) + self.v[:, None, :]) @ r.transpose(1, 2)  # [B, H, Q, Nd]
             pos_term = pos_term.gather(-1, (rel - lo).expand(B, H, Q, -1))
-            content_term = (k.float() @ self.u[:, :, None]).transpose(-1, -2)  # [B, H, 1, Tk]
+            content_term = (real(k) @ self.u[:, :, None]).transpose(-1, -2)  # [B, H, 1, Tk]
         return (pos_term + content_term) / math.sqrt(hs)
 
 
@@ -510,7 +516,7 @@ class FoX(PositionalEncoding):
         """c [B, H, T0 + T] float32: the cached tokens' c (prev, [B, H, T0]), then the running sum of log f
         of the tokens x [B, T, C] continued from it (the keys k are not needed)."""
         with torch.autocast(device_type=x.device.type, enabled=False):
-            log_f = F.logsigmoid(self.gate(x.float())).transpose(1, 2)
+            log_f = F.logsigmoid(self.gate(real(x))).transpose(1, 2)
         c = log_f.cumsum(dim=-1)
         if prev is None or prev.shape[-1] == 0:
             return c
@@ -590,7 +596,7 @@ def path_logits(q, k, qi, state):
     Entries of keys after their query hold anything: attention masks them. float32 under any autocast: a
     product of many reflections loses its keys' precision in 16 bits."""
     with torch.autocast(device_type=q.device.type, enabled=False):
-        return _path_logits(q.float(), k, qi, state)
+        return _path_logits(real(q), k, qi, state)
 
 
 def _path_logits(q, k, qi, state):
@@ -602,7 +608,7 @@ def _path_logits(q, k, qi, state):
     for c in range(a // CHUNK, (e - 1) // CHUNK + 1):  # the chunks the queries fall in
         lo, hi = max(a, c * CHUNK), min(e, (c + 1) * CHUNK)
         # w and the keys of this chunk only (a block of queries reads no other chunk's raw keys)
-        Wc, Kk = (_chunks(x[:, :, c * CHUNK:(c + 1) * CHUNK].float(), 1)[:, :, 0] for x in (state.w, k))
+        Wc, Kk = (_chunks(real(x[:, :, c * CHUNK:(c + 1) * CHUNK]), 1)[:, :, 0] for x in (state.w, k))
         qc, TDc = q[:, :, lo - a:hi - a], state.TD[:, :, c]
         i = torch.arange(lo, hi, device=q.device) - c * CHUNK  # index within the chunk
         R = ((qc @ Wc.transpose(-1, -2)) * (t[None, :] <= i[:, None])) @ TDc  # over t <= i
@@ -650,7 +656,7 @@ class PaTH(PositionalEncoding):
         """PaTHState of every token: prev's (the cached tokens'), then those of x [B, T, C]; k [B, H, N, hs]
         are the keys of all N tokens."""
         with torch.autocast(device_type=x.device.type, enabled=False):
-            x = x.float()
+            x = real(x)
             z = self.w_proj(x)  # [B, T, C]
             window = torch.cat((prev.z, z), 1) if prev is not None else F.pad(z, (0, 0, self.conv - 1, 0))
             w = F.silu(self.w_conv(window.transpose(1, 2))).transpose(1, 2)
@@ -659,7 +665,7 @@ class PaTH(PositionalEncoding):
             beta = 2 * torch.sigmoid(self.beta_proj(x)).transpose(1, 2)
             if prev is not None:
                 w, beta = torch.cat((prev.w, w), 2), torch.cat((prev.beta, beta), 2)
-            chunk_terms = path_state(w, beta, k.float(), prev)
+            chunk_terms = path_state(w, beta, real(k), prev)
         return PaTHState(window[:, -(self.conv - 1):], w, beta, *chunk_terms)
 
     def logits(self, q, k, qi, ki, state):
