@@ -585,3 +585,23 @@ def test_rounding_tables_say_where_a_conclusion_holds_under_both():
     assert fire.endswith(f" {n - 1} of {n} lengths |"), fire
     kerple = [line for line in text.splitlines() if line.startswith("| dape-kerple - kerple | AVX512 |")][0]
     assert kerple.endswith(f" {n} of {n} lengths |"), kerple
+
+
+def test_the_estimate_counts_the_runs_trained_up_to_this_runs_line(tmp_path):
+    """A run that ended at once with a later one (whose line landed after its own before it counted): its estimate
+    of the training left divides the time so far by the runs trained up to its own line, not the file's."""
+    import time
+    with open(os.path.join(ROOT, "demo.sh")) as f:
+        text = f.read()
+    start = text.index("progress_count() {")
+    functions = text[start:text.index("\n}\n", text.index("train_one() {")) + 3]
+    later = ('eval "$(declare -f progress_count | sed 1s/progress_count/own_line/)"\n'
+             'progress_count() { echo "c trained" >> "$PROGRESS"; own_line "$@"; }\n')  # c lands before b counts
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "finished").write_text("a trained\n")
+    env = dict(os.environ, OUT=str(tmp_path), PROGRESS=str(tmp_path / "logs" / "finished"), PY="true", TOTAL="4",
+               THREADS="1", DATA_ROOT="data", TRAIN_T0=str(int(time.time()) - 600))
+    out = subprocess.run(["bash", "-c", functions + later + "train_one " + str(tmp_path / "b") + " kerple none 1"],
+                         capture_output=True, text=True, env=env)
+    # 600 s for the 2 runs trained up to b's line, 2 of 4 left: 10 min (the file's 3 trained would say 7)
+    assert "[2/4] done  b in" in out.stdout and "about 10 min of training left" in out.stdout, out.stdout + out.stderr
