@@ -1,14 +1,12 @@
 """
 Which code computes DAPE attention, y = softmax(mask(A + B + f(A, B))) . v, and why it computes dape.py's.
-(With stick-breaking or log-length scaling, model.py's own normalisation takes the masked logits
-A + B + f(A, B) from the plain or the torch path: the fused kernel computes softmax only.)
+(With stick-breaking or log-length scaling, model.py normalises the plain or torch path's masked logits.)
 
-    plain   dape.py's module exactly as written (the definition), in blocks of queries
-    torch   dape_torch.py: the same function from the module's weights(), without the plain form's
-            intermediate maps (CPU tiles; whole maps elsewhere), in blocks of queries
+    plain   dape.py's own code as written, on blocks of query rows against the keys they see (own_code)
+    torch   dape_torch.py: the same function from weights(), CPU tiles (whole maps elsewhere), blocked
     triton  dape_triton.py: one fused kernel for all queries (CUDA; CPU tensors under TRITON_INTERPRET=1)
 
-GPTConfig.dape_impl names one, or 'auto': triton on CUDA, torch elsewhere.
+GPTConfig.dape_impl names one, or 'auto': triton on CUDA, torch elsewhere, plain for an edited dape.py.
 
 Decided by code: whether a fast path may run. They implement one version of dape.py, which
 dape_torch.IMPLEMENTS records class by class (fingerprint.py): every attribute of the class and its bases,
