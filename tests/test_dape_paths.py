@@ -751,3 +751,45 @@ def test_only_training_calls_join_the_ranks_verdict(monkeypatch):
     with torch.no_grad():
         assert dape_paths._trust_kernel("evaluation", *call) is None and not reduced
     assert dape_paths._trust_kernel("training", *call) is None and len(reduced) == 1
+
+
+EVAL_ALONE = """
+import datetime, os, sys, time, torch, torch.distributed as dist
+sys.path.insert(0, {root!r})
+import dape_paths
+from model import GPT, GPTConfig
+rank, done = int(sys.argv[1]), {done!r}
+dist.init_process_group("gloo", init_method="file://" + {store!r}, rank=rank, world_size=2,
+                        timeout=datetime.timedelta(seconds=60))
+dape_paths.KERNEL_DEVICES = ("cuda", "cpu")
+if rank == 0:
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(block_size=8, vocab_size=32, n_layer=1, n_head=2, n_embd=8, pos="kerple", dape="v1"))
+    with torch.no_grad():
+        m(torch.randint(0, 32, (1, 9)))
+    print("evaluated", list(dape_paths.VERDICTS.values()), flush=True)
+    open(done, "w").close()
+else:  # makes no call: a collective of rank 0's would wait for it
+    while not os.path.exists(done):
+        time.sleep(0.2)
+dist.destroy_process_group()
+"""
+
+
+def test_an_evaluation_on_one_rank_alone_decides_alone(tmp_path):
+    """Under torch.distributed an evaluation call (grad disabled) on rank 0 alone, rank 1 making none, decides
+    the kernel's verdict on rank 0 without a collective, and finishes: one would wait for rank 1 for ever."""
+    import subprocess
+    import sys
+    pytest.importorskip("triton")  # the kernel's path, under Triton's interpreter on a CPU
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = EVAL_ALONE.format(root=root, store=str(tmp_path / "store"), done=str(tmp_path / "done"))
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(r)], cwd=root, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+    try:
+        out, err = procs[0].communicate(timeout=240)
+    finally:
+        for p in procs:
+            p.kill()
+            p.communicate()
+    assert "evaluated [None]" in out, err[-2000:]
