@@ -793,3 +793,16 @@ def test_an_evaluation_on_one_rank_alone_decides_alone(tmp_path):
             p.kill()
             p.communicate()
     assert "evaluated [None]" in out, err[-2000:]
+
+
+def test_a_global_rebound_to_a_wrapper_of_the_library_function(monkeypatch):
+    """rearrange rebound, before any decision, to a functools.wraps wrapper of einops.rearrange that scales its
+    output: its name and module are the library's, as recorded; its __wrapped__ tells it from the record."""
+    import einops
+
+    @functools.wraps(einops.rearrange)
+    def rearrange(tensor, pattern, **axes):
+        return 1.5 * einops.rearrange(tensor, pattern, **axes)
+    message = planted(monkeypatch, lambda models: monkeypatch.setattr(dape, "rearrange", rearrange), when="before")
+    assert "rearrange is not the dape.py that the fast paths implement" in message, message
+
