@@ -126,14 +126,16 @@ OWN_BLOCKS = 8
 def own_code(mod, x, y, res_y, future, out):
     """dape.py's own mod.residual_f, the lines a reader edits, run on blocks of query rows against only the keys
     those rows see (the dape_impl='plain' path, and auto's for an edited f): where the future is masked, a block
-    of rows needs no key after its last query, so about half of f is never computed, and in evaluation f's
-    hidden maps are a block's. The same function as on the whole map for any f under which a key after a query
+    of rows needs no key after its last query, so about half of f is never computed; without autograd the blocks
+    hold about TILE_PAIRS pairs, so f's maps take the memory the tiles' do. The same function as on the whole map for any f under which a key after a query
     cannot change that query's logits (V1 at each pair; V2 zeroes the future before each layer); an f that lets
     it breaks causality, which the suite's prefix tests catch."""
     if future is None or out == "logits" or x.shape[-2] == 1:
         return mod.residual_f(x, y, res_y, future, out)
     R, Tk = future.shape
     rows = -(-R // min(OWN_BLOCKS, R))
+    if not torch.is_grad_enabled():  # nothing kept for backward: blocks of about a tile's pairs bound the memory
+        rows = min(rows, max(1, TILE_PAIRS // (x.shape[0] * Tk)))
     keys = torch.where(future, 0, torch.arange(1, Tk + 1, device=future.device)).amax(dim=1).clamp(min=1).tolist()
     fill = 0.0 if out == "probs" else float("-inf")  # what the keys left out hold after out's mask (and softmax)
     # split, not sliced block by block: a slice's backward writes its gradient into a zero map of the whole
