@@ -77,14 +77,15 @@ def test_published_is_a_path_inside_docs_results():
 
 def evaluation(tmp_path, trained_by):
     """eval_extrapolate.py's results.json of one checkpoint evaluated with --far_mass=True, at 1x and 2x."""
-    run = {"model_args": {"pos": "kerple", "block_size": 64, "n_head": 2}, "iter_num": 100, "seed": 1,
+    run = {"model_args": {"pos": "kerple", "block_size": 64, "n_head": 2}, "iter_num": 100, "seed": 1, "data_dir": "d",
            "results": {"64": {"ppl": 7.0}, "128": {"ppl": 7.5}}, "far_mass": {"128": [[0.1, 0.3]]},
            "far_mass_windows": 4, "head_values": [{"r1": [0.5, 1.0]}]}
     if trained_by:
         run["trained_by"] = trained_by
     (tmp_path / "results.json").write_text(json.dumps(
         {"lengths": [64, 128], "runs": [run],
-         "protocol": {"eval_tokens": 32, "num_windows": 4, "evaluated_by": {"commit": "e"}}}))
+         "protocol": {"eval_tokens": 32, "num_windows": 4, "evaluated_by": {"commit": "e"}, "seed": 7,
+                      "data": {"d": {"window_ends": [100, 200, 300, 400]}}}}))
     return str(tmp_path)
 
 
