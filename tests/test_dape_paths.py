@@ -472,11 +472,11 @@ def test_a_library_patched_by_dape_py_itself(tmp_path, monkeypatch):
 def test_code_that_runs_at_construction(tmp_path, monkeypatch):
     """A slope set in init_last_layer (an edit of dape.py), and V2's activation swapped by an
     init_last_layer replaced in memory: the module built afresh to compare with has them too."""
-    module = edited(tmp_path, ('        if self.init == "zero":\n',
+    module = edited(tmp_path, ('        if self.init != "zero":\n',
                                '        for m in self.modules():\n'
                                '            if isinstance(m, nn.LeakyReLU):\n'
                                '                m.negative_slope = 0.3\n'
-                               '        if self.init == "zero":\n'))
+                               '        if self.init != "zero":\n'))
     assert planted(monkeypatch, lambda models: None, module, "built").startswith(
         "DAPE: _DAPE.init_last_layer is not the dape.py")
 
