@@ -109,8 +109,10 @@ def reads(classes, library=False):
     while todo:
         fn = todo.pop()
         where = f"{fn.__module__}:" if library else ""
+        # a functools.wraps wrapper has the name of the function it wraps, which may be read too: keys apart
+        qualname = fn.__qualname__ + (" (a wrapper)" if hasattr(fn, "__wrapped__") else "")
         for name in ("__code__", "__defaults__", "__kwdefaults__")[:3 if fn.__code__.co_kwonlyargcount else 2]:
-            yield f"{where}{fn.__qualname__}.{name}" if library else None, fn, name, getattr(fn, name)
+            yield f"{where}{qualname}.{name}" if library else None, fn, name, getattr(fn, name)
         for chain in sorted(global_reads(fn.__code__)):
             holder, value = fn.__globals__, fn.__globals__.get(chain[0], MISSING)
             if value is MISSING and len(chain) == 1 and hasattr(builtins, chain[0]):

@@ -806,3 +806,28 @@ def test_a_global_rebound_to_a_wrapper_of_the_library_function(monkeypatch):
     message = planted(monkeypatch, lambda models: monkeypatch.setattr(dape, "rearrange", rearrange), when="before")
     assert "rearrange is not the dape.py that the fast paths implement" in message, message
 
+
+WRAPPED_BEFORE_IMPORT = """
+import functools, sys, torch.nn as nn
+sys.path.insert(0, {root!r})
+real = nn.Linear.forward
+
+@functools.wraps(real)
+def forward(self, x):
+    return 1.5 * real(self, x)
+nn.Linear.forward = forward
+import dape, dape_paths
+print(dape_paths.code_differs(dape.DAPEV1(4)))
+"""
+
+
+def test_library_code_wrapped_before_the_import(tmp_path):
+    """nn.Linear.forward wrapped (functools.wraps, its output scaled) before dape_paths is imported, so that what
+    it saw then is the wrapper: its __wrapped__ shows it, and the module's code differs, naming it."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", WRAPPED_BEFORE_IMPORT.format(root=root)], cwd=root,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "Linear.forward" in out.stdout, out.stdout
