@@ -124,12 +124,12 @@ OWN_BLOCKS = 8
 
 
 def own_code(mod, x, y, res_y, future, out):
-    """dape.py's own mod.residual_f, the lines a reader edits, run on blocks of query rows against only the keys
-    those rows see (the dape_impl='plain' path, and auto's for an edited f): where the future is masked, a block
-    of rows needs no key after its last query, so about half of f is never computed; without autograd the blocks
-    hold about TILE_PAIRS pairs, so f's maps take the memory the tiles' do. The same function as on the whole map for any f under which a key after a query
-    cannot change that query's logits (V1 at each pair; V2 zeroes the future before each layer); an f that lets
-    it breaks causality, which the suite's prefix tests catch."""
+    """dape.py's own mod.residual_f, the lines a reader edits, on blocks of query rows against only the keys those
+    rows see (dape_impl='plain', and auto's path for an edited f): a block needs no key after its last query, so
+    about half of f is never computed in causal attention; without autograd a block holds about TILE_PAIRS pairs,
+    so f's maps take what the tiles' take. The same function as on the whole map for any f under which a key after
+    a query cannot change that query's logits (V1 at each pair; V2 zeroes the future before each layer); an f that
+    lets it breaks causality, which the suite's prefix tests catch."""
     if future is None or out == "logits" or x.shape[-2] == 1:
         return mod.residual_f(x, y, res_y, future, out)
     R, Tk = future.shape
