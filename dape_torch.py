@@ -136,7 +136,7 @@ def own_code(mod, x, y, res_y, future, out):
     rows = -(-R // min(OWN_BLOCKS, R))
     if not torch.is_grad_enabled():  # nothing kept for backward: blocks of about a tile's pairs bound the memory
         rows = min(rows, max(1, TILE_PAIRS // (x.shape[0] * Tk)))
-    keys = torch.where(future, 0, torch.arange(1, Tk + 1, device=future.device)).amax(dim=1).clamp(min=1).tolist()
+    keys = keys_needed(future)
     fill = 0.0 if out == "probs" else float("-inf")  # what the keys left out hold after out's mask (and softmax)
     # split, not sliced block by block: a slice's backward writes its gradient into a zero map of the whole
     xs, fs = x.split(rows, dim=-2), future.split(rows)
@@ -147,6 +147,13 @@ def own_code(mod, x, y, res_y, future, out):
         o = mod.residual_f(xb[..., :ne], None if yb is None else yb[..., :ne], res_y, fb[:, :ne], out)
         blocks.append(F.pad(o, (0, Tk - ne), value=fill))
     return torch.cat(blocks, dim=-2)
+
+
+def keys_needed(future):
+    """For each query row of the mask future [R, Tk], the keys up to its last unmasked one (at least 1): all a
+    row needs where the masked keys are -inf, or zero after the softmax."""
+    keys = torch.arange(1, future.shape[1] + 1, device=future.device)
+    return torch.where(future, 0, keys).amax(dim=1).clamp(min=1).tolist()
 
 
 def use_tiles(x):
@@ -254,8 +261,7 @@ class Spec:
         goes into one tile where that fits; otherwise a tile is one block of rows of G sequences."""
         p = self.kernel // 2
         if self.skip:
-            keys = torch.arange(1, Tk + 1, device=self.future.device)
-            need = torch.where(self.future, 0, keys).amax(dim=1).clamp(min=1).tolist()
+            need = keys_needed(self.future)
         else:
             need = [Tk] * Tq
         row_budget = max(1, TILE_PAIRS // Bn)
