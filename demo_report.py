@@ -645,94 +645,6 @@ def tables_from(saved):
     return text
 
 
-# -----------------------------------------------------------------------------------------------------
-# The search for a setting where a static encoding degrades (docs/demo_setting.md): one trial per change of
-# the demo's setting, each a checkpoint evaluated by eval_extrapolate.py --far_mass=True, kept in one file.
-
-SEARCH_PROTOCOL = ("eval_extrapolate.py --max_length=4096 --num_windows=64 --far_mass=True: the same last K "
-                   "bytes of 64 windows at every length, K half the training length")
-
-
-def search_trial(results_dir, name, changes, train_command=None, commit=None):
-    """One trial of the search from its evaluation's results.json: its perplexity at every length, its
-    encoding's values per head, the attention mass beyond the training length per layer and head, the bytes
-    scored (how many a length, the evaluation's seed and its windows' ends), and where it came from (the training's record in the checkpoint, or train_command and commit where the checkpoint is
-    older than that record)."""
-    with open(os.path.join(results_dir, "results.json")) as f:
-        res = json.load(f)
-    (run,) = res["runs"]
-    trained = dict(run.get("trained_by") or dict.fromkeys(("commit", "command", "machine", "date"), "unknown"))
-    if trained["command"] == "unknown" and train_command:
-        trained["command"] = train_command
-    if trained["commit"] == "unknown" and commit:
-        trained["commit"] = commit
-    return {"name": name, "changes": changes, "source": "run", "pos": run["model_args"]["pos"],
-            "block_size": run["model_args"]["block_size"], "n_head": run["model_args"]["n_head"],
-            "iters": run["iter_num"], "seed": run["seed"], "trained_by": trained,
-            "evaluated_by": res["protocol"].get("evaluated_by", "unknown"), "eval_tokens": res["protocol"]["eval_tokens"],
-            "num_windows": res["protocol"]["num_windows"], "lengths": res["lengths"],
-            # which bytes were scored: enough to score the same ones again, or to tell two trials' apart
-            "scored_tokens": res["protocol"]["eval_tokens"] * res["protocol"]["num_windows"],
-            "eval_seed": res["protocol"]["seed"], "window_ends": res["protocol"]["data"][run["data_dir"]]["window_ends"],
-            "ppl": {str(L): run["results"][str(L)]["ppl"] for L in res["lengths"]},
-            "far_mass": run["far_mass"], "far_mass_windows": run["far_mass_windows"],
-            "head_values": run["head_values"]}
-
-
-def add_trial(search_path, trial):
-    """Add the trial to the search file (replacing one of the same name), written whole or not at all."""
-    search = {"what": "", "trials": []}
-    if os.path.exists(search_path):
-        with open(search_path) as f:
-            search = json.load(f)
-    search["trials"] = [t for t in search["trials"] if t["name"] != trial["name"]] + [trial]
-    tmp = search_path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(search, f, indent=1)
-    os.replace(tmp, search_path)
-
-
-def rank_corr(a, b):
-    """Spearman's rank correlation of two equally long lists (ties ranked by order: they do not occur in
-    learned per-head values)."""
-    ranks = lambda v: [sorted(range(len(v)), key=v.__getitem__).index(i) for i in range(len(v))]
-    ra, rb = ranks(a), ranks(b)
-    mean = (len(a) - 1) / 2
-    cov = sum((x - mean) * (y - mean) for x, y in zip(ra, rb))
-    return cov / sum((x - mean) ** 2 for x in ra)
-
-
-def search_tables(search):
-    """The search's tables: the perplexity at each multiple of the training length against 1x (the same scored
-    bytes at every length), and per trial what its heads learned and where their attention goes."""
-    multiples = sorted({int(L) // t["block_size"] for t in search["trials"] for L in t["ppl"]})
-    rows = ["| trial | changes | ppl at 1x | " + " | ".join(f"{m}x / 1x" for m in multiples[1:]) + " |",
-            "| --- " * (len(multiples) + 2) + "|"]
-    for t in search["trials"]:
-        base = t["ppl"][str(t["block_size"])]
-        ratio = lambda m: f"{t['ppl'][str(m * t['block_size'])] / base:.3f}" if str(m * t["block_size"]) in t["ppl"] \
-            else "-"
-        rows.append(f"| {t['name']} | {t['changes']} | {base:.3f} | " + " | ".join(ratio(m) for m in multiples[1:]) + " |")
-    heads = ["| trial | heads | longest | mass beyond the training length at the longest: mean, largest head | "
-             "same at 2x | learned values per head, lowest to highest |", "| --- " * 6 + "|"]
-    for t in search["trials"]:
-        longest = str(max(int(L) for L in t["far_mass"]))
-        second = str(2 * t["block_size"])
-        mass = lambda L: [v for layer in t["far_mass"][L] for v in layer]
-        values = {}
-        for layer in t["head_values"]:
-            for k, v in layer.items():
-                if k != "bias_at":
-                    values.setdefault(k, []).extend(v)
-        m, m2 = mass(longest), mass(second) if second in t["far_mass"] else None
-        # each value's rank correlation with the heads' mass at the longest length: which heads reach far
-        learned = ", ".join(f"{k} {min(v):.3g} to {max(v):.3g} (rank correlation with the mass {rank_corr(v, m):+.2f})"
-                            for k, v in values.items() if len(v) == len(m)) or "none per head"
-        heads.append(f"| {t['name']} | {len(m)} | {longest} | {sum(m) / len(m):.3f}, {max(m):.3f} | "
-                     + (f"{sum(m2) / len(m2):.3f}, {max(m2):.3f}" if m2 else "-") + f" | {learned} |")
-    return "\n".join(rows) + "\n\n" + "\n".join(heads)
-
-
 def kernels(results):
     """The vector kernels that trained a results file's runs, as their machines name them ('AVX512', 'DEFAULT')."""
     return kernels_of(run.get("trained_by", {}).get("machine", "") for run in results["runs"])
@@ -787,10 +699,7 @@ def rounding_tables(native, other):
 USAGE = ("usage: python demo_report.py [RESULTS_DIR] [--minutes=M --models=N]   (the run's report)\n"
          "       python demo_report.py RESULTS_DIR --publish                    (into README.md and docs/)\n"
          "       python demo_report.py --tables_from=docs/results/demo\n"
-         "       python demo_report.py --search_from=docs/results/degrade_search.json\n"
-         "       python demo_report.py --rounding_from=FILE --against=docs/results/demo/results.json\n"
-         "       python demo_report.py --add_trial=EVAL_DIR --search=FILE --name=N --changes=TEXT "
-         "[--train_command=C --commit=C]")
+         "       python demo_report.py --rounding_from=FILE --against=docs/results/demo/results.json")
 
 
 def main(argv):
@@ -798,13 +707,11 @@ def main(argv):
     options = dict(a[2:].split("=", 1) for a in argv if a.startswith("--") and "=" in a)
     flags = [a for a in argv if a.startswith("--") and "=" not in a]
     positional = [a for a in argv if not a.startswith("--")]
-    alone = {"tables_from", "search_from"} & set(options)
-    trial = {"add_trial", "search", "name", "changes", "train_command", "commit"}
+    alone = {"tables_from"} & set(options)
     rounding = {"rounding_from", "against"}
-    if (set(options) - {"minutes", "models", "tables_from", "search_from"} - trial - rounding
+    if (set(options) - {"minutes", "models", "tables_from"} - rounding
             or set(flags) - {"--publish"} or len(positional) > 1
             or (alone and (len(options) > 1 or flags or positional)) or (flags and options)
-            or ("add_trial" in options and ({"search", "name", "changes"} - set(options) or positional))
             or (rounding & set(options) and (set(options) != rounding or flags or positional))):
         sys.exit(USAGE)
     if "rounding_from" in options:
@@ -814,17 +721,6 @@ def main(argv):
         return text
     if "tables_from" in options:
         return tables_from(options["tables_from"])
-    if "search_from" in options:
-        with open(options["search_from"]) as f:
-            text = search_tables(json.load(f))
-        print(text)
-        return text
-    if "add_trial" in options:
-        t = search_trial(options["add_trial"], options["name"], options["changes"], options.get("train_command"),
-                         options.get("commit"))
-        add_trial(options["search"], t)
-        print(f"added {t['name']} to {options['search']}")
-        return ""
     if flags:
         return publish(positional[0] if positional else "results/demo")
     return report(positional[0] if positional else "results/demo",

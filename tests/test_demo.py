@@ -525,48 +525,6 @@ def test_the_ratio_to_the_training_length_is_per_seed_with_its_interval():
     assert demo_report.seed_ratio(group, 64, 1024) is None
 
 
-def test_search_file_and_its_tables(tmp_path):
-    """--add_trial keeps one entry per trial name (a rerun replaces it) and --search_from prints the
-    ratios to 1x on the same bytes and each per-head value's rank correlation with the far mass (as scipy's
-    Spearman computes it)."""
-    import demo_report
-    scipy_stats = pytest.importorskip("scipy.stats")
-    a, b = [0.3, 2.0, 0.9, 1.4], [0.8, 0.1, 0.5, 0.2]
-    assert demo_report.rank_corr(a, b) == pytest.approx(scipy_stats.spearmanr(a, b).statistic)
-    path = str(tmp_path / "search.json")
-
-    def trial(name, ppl_16x):
-        return {"name": name, "changes": "x", "block_size": 64, "ppl": {"64": 7.0, "128": 7.1, "1024": ppl_16x},
-                "far_mass": {"128": [[0.1, 0.2]], "1024": [[0.4, 0.9]]}, "head_values": [{"r1": [1.0, 0.2]}]}
-    demo_report.add_trial(path, trial("fire", 21.0))
-    demo_report.add_trial(path, trial("kerple", 7.7))
-    demo_report.add_trial(path, trial("fire", 14.0))
-    text = demo_report.main([f"--search_from={path}"])
-    assert [line.split(" | ")[0] for line in text.splitlines() if line.startswith("| fire") or
-            line.startswith("| kerple")] == ["| kerple", "| fire", "| kerple", "| fire"]
-    assert "| trial | changes | ppl at 1x | 2x / 1x | 16x / 1x |" in text and "| fire | x | 7.000 | 1.014 | 2.000 |" in text
-    assert "| fire | 2 | 1024 | 0.650, 0.900 | 0.150, 0.200 | r1 0.2 to 1 (rank correlation with the mass -1.00) |" in text
-
-
-def test_a_search_trial_records_the_bytes_it_scored(tmp_path):
-    """search_trial keeps, from the evaluation's results.json, how many bytes each length scored, the evaluation
-    seed and the windows' ends, beside both runs' provenance."""
-    import demo_report
-    run = {"model_args": {"pos": "fire", "block_size": 64, "n_head": 4}, "iter_num": 500, "seed": 1,
-           "data_dir": "data/gutenberg_char", "trained_by": {"commit": "abc1234", "command": "python train.py",
-                                                              "machine": "m", "date": "2026-12-01"},
-           "results": {"64": {"ppl": 7.0}, "128": {"ppl": 7.7}}, "far_mass": {}, "far_mass_windows": 16,
-           "head_values": []}
-    evaluated = {"commit": "def5678", "command": "python eval_extrapolate.py", "machine": "m", "date": "2026-12-01"}
-    protocol = {"eval_tokens": 32, "num_windows": 64, "seed": 1337, "evaluated_by": evaluated,
-                "data": {"data/gutenberg_char": {"window_ends": [900, 4000]}}}
-    (tmp_path / "results.json").write_text(json.dumps({"protocol": protocol, "lengths": [64, 128], "runs": [run]}))
-    t = demo_report.search_trial(str(tmp_path), "fire", "FIRE instead of Kerple")
-    assert (t["scored_tokens"], t["eval_seed"], t["window_ends"]) == (32 * 64, 1337, [900, 4000])
-    assert t["trained_by"] == run["trained_by"] and t["evaluated_by"] == evaluated
-    assert t["ppl"] == {"64": 7.0, "128": 7.7}
-
-
 def test_rounding_tables_say_where_a_conclusion_holds_under_both():
     """demo_report.py --rounding_from: a label's rows under each rounding, with its kernels, and per DAPE-X
     against X pair how many lengths keep the direction and the Holm verdict under the other rounding: a

@@ -1,5 +1,5 @@
-"""demo_report.py on small files of its own: publishing refused where it would drop what is published, what
-counts as published, and the degradation search's trials and tables (the demo end to end: tests/test_demo.py)."""
+"""demo_report.py on small files of its own: publishing refused where it would drop what is published, and what
+counts as published (the demo end to end: tests/test_demo.py; the degradation search: tests/test_degrade_search.py)."""
 
 import json
 import os
@@ -73,41 +73,3 @@ def test_published_is_a_path_inside_docs_results():
     assert demo_report.is_published(os.path.join(docs, "results", "demo"))
     assert not demo_report.is_published(os.path.join(docs, "results_old", "demo"))
     assert not demo_report.is_published(os.path.join(demo_report.ROOT, "results", "demo"))
-
-
-def evaluation(tmp_path, trained_by):
-    """eval_extrapolate.py's results.json of one checkpoint evaluated with --far_mass=True, at 1x and 2x."""
-    run = {"model_args": {"pos": "kerple", "block_size": 64, "n_head": 2}, "iter_num": 100, "seed": 1, "data_dir": "d",
-           "results": {"64": {"ppl": 7.0}, "128": {"ppl": 7.5}}, "far_mass": {"128": [[0.1, 0.3]]},
-           "far_mass_windows": 4, "head_values": [{"r1": [0.5, 1.0]}]}
-    if trained_by:
-        run["trained_by"] = trained_by
-    (tmp_path / "results.json").write_text(json.dumps(
-        {"lengths": [64, 128], "runs": [run],
-         "protocol": {"eval_tokens": 32, "num_windows": 4, "evaluated_by": {"commit": "e"}, "seed": 7,
-                      "data": {"d": {"window_ends": [100, 200, 300, 400]}}}}))
-    return str(tmp_path)
-
-
-def test_a_search_trial_keeps_the_checkpoints_record_of_its_training(tmp_path):
-    """Where the checkpoint records its training, that record stands: a command or commit given for older
-    checkpoints does not replace it. Where it records none, the given ones are taken."""
-    recorded = {"commit": "abc", "command": "python train.py --pos=kerple", "machine": "M", "date": "2026-11-30"}
-    trial = demo_report.search_trial(evaluation(tmp_path, recorded), "kerple", "none", "python train.py --other", "xyz")
-    assert trial["trained_by"] == recorded and trial["ppl"] == {"64": 7.0, "128": 7.5}
-    trial = demo_report.search_trial(evaluation(tmp_path, None), "kerple", "none", "python train.py --other", "xyz")
-    assert (trial["trained_by"]["command"], trial["trained_by"]["commit"]) == ("python train.py --other", "xyz")
-    assert trial["trained_by"]["machine"] == "unknown"
-
-
-def test_search_tables_have_a_column_for_every_multiple_of_any_trial():
-    """Trials evaluated at different lengths: the header has every multiple that any trial reached, and a trial
-    without it shows '-' there."""
-    def trial(name, ppl):
-        return {"name": name, "changes": "x", "block_size": 64, "ppl": ppl,
-                "far_mass": {"128": [[0.1, 0.2]]}, "head_values": [{"r1": [1.0, 0.2]}]}
-    text = demo_report.search_tables({"trials": [trial("short", {"64": 7.0, "128": 7.7}),
-                                                 trial("long", {"64": 7.0, "128": 7.7, "1024": 14.0})]})
-    lines = text.splitlines()
-    assert lines[0] == "| trial | changes | ppl at 1x | 2x / 1x | 16x / 1x |"
-    assert "| short | x | 7.000 | 1.100 | - |" in lines and "| long | x | 7.000 | 1.100 | 2.000 |" in lines

@@ -60,6 +60,9 @@ def run(command):
         if script == 'demo_report.py':
             import demo_report
             return demo_report.main(args)
+        if script == 'degrade_search.py':
+            import degrade_search
+            return degrade_search.main(args)
     finally:
         os.chdir(cwd)
     raise AssertionError(f"no way to run {command!r} here")
@@ -135,6 +138,39 @@ def test_every_run_says_where_it_came_from():
     assert counted > 0
 
 
+def test_every_search_trial_is_what_the_trial_writer_writes():
+    """Each trial in docs/results/degrade_search.json has exactly the fields degrade_search.py --add_trial writes;
+    its training's and evaluation's commit, command, machine and date are a run's record or 'unrecorded', never
+    words typed in their place; and the bytes it scored are eval_tokens of each of num_windows windows whose
+    ends it lists (or 'unrecorded' for a trial whose evaluation did not record them)."""
+    import degrade_search
+    from degrade_search import UNRECORDED
+    with open(os.path.join(ROOT, 'docs', 'results', 'degrade_search.json')) as f:
+        search = json.load(f)
+    assert search['what'] == degrade_search.WHAT, "the file's 'what' is the trial writer's"
+    # what a recorded field looks like: a commit as `git describe --always --dirty` names it, a date as
+    # datetime.date.isoformat() writes it, a command that runs the script named, a machine as
+    # common.machine_text writes it
+    shapes = {'commit': r'[0-9a-f]{7,40}(-dirty)?', 'date': r'\d{4}-\d\d-\d\d',
+              'machine': r'[^;]+, (\w+ kernels, )?torch \S+'}
+    command = {'trained_by': r'(OMP_NUM_THREADS=1 )?python train\.py \S.*', 'evaluated_by':
+               r'(OMP_NUM_THREADS=1 )?python eval_extrapolate\.py \S.*'}
+    assert search['trials']
+    for t in search['trials']:
+        where = f"degrade_search.json: trial {t.get('name')!r}"
+        assert tuple(t) == degrade_search.FIELDS, f"{where} has fields {list(t)}, not the trial writer's"
+        for run in ('trained_by', 'evaluated_by'):
+            assert tuple(t[run]) == degrade_search.PROVENANCE, f"{where}: {run} has {list(t[run])}"
+            for k, v in t[run].items():
+                shape = command[run] if k == 'command' else shapes[k]
+                assert v == UNRECORDED or re.fullmatch(shape, v), f"{where}: {run}.{k} {v!r} is not a recorded value"
+        assert t['scored_tokens'] == t['eval_tokens'] * t['num_windows'], where
+        assert t['window_ends'] == UNRECORDED or (len(t['window_ends']) == t['num_windows'] and
+                                                  all(isinstance(e, int) for e in t['window_ends'])), where
+        assert t['eval_seed'] == UNRECORDED or isinstance(t['eval_seed'], int), where
+        assert sorted(t['ppl'], key=int) == [str(L) for L in t['lengths']], where
+
+
 def test_the_demo_section_and_page_are_what_demo_report_prints():
     """The README's demo section and docs/demo_results.md are what `demo_report.py --tables_from=docs/results/demo`
     prints from the files the demo kept."""
@@ -183,6 +219,26 @@ def test_the_run_check_fails_on_a_passkey_row_rebuilt_from_a_page(tmp_path, monk
     path.write_text(json.dumps(saved))
     with pytest.raises(AssertionError, match=r"docs/results/passkey_cpu\.json: .* has source 'page'"):
         test_every_run_in_the_results_files_was_measured()
+
+
+@pytest.mark.parametrize('field, value', [('commit', 'f207690 or c490ff8'), ('date', '2026-11-27 (by hand)'),
+                                          ('command', 'as on the page')])
+def test_the_trial_check_fails_on_a_hand_typed_field(tmp_path, monkeypatch, field, value):
+    """A search trial whose provenance holds words typed in place of a record fails, and so does one with a
+    field the trial writer does not write (the old hard-coded `source`)."""
+    copy = copy_of_the_pages(tmp_path, monkeypatch, 'docs/demo_setting.md')
+    test_every_search_trial_is_what_the_trial_writer_writes()
+    path = copy / 'docs' / 'results' / 'degrade_search.json'
+    saved = json.loads(path.read_text())
+    saved['trials'][0]['trained_by'][field] = value
+    path.write_text(json.dumps(saved))
+    with pytest.raises(AssertionError, match=f"trained_by.{field} .* is not a recorded value"):
+        test_every_search_trial_is_what_the_trial_writer_writes()
+    saved['trials'][0] = dict(saved['trials'][0], source='run')
+    saved['trials'][0]['trained_by'][field] = 'unrecorded'
+    path.write_text(json.dumps(saved))
+    with pytest.raises(AssertionError, match="not the trial writer's"):
+        test_every_search_trial_is_what_the_trial_writer_writes()
 
 
 @pytest.mark.parametrize('cut', ['last line', 'first line'])
