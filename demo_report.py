@@ -33,8 +33,8 @@ import shutil
 import sys
 
 from common import machine_text, provenance
-from results import (ALPHA, compare_means, holm_over, kernels_of, mean_ci, p_text, permutation_test, significance,
-                     verdict)
+from results import (ALPHA, compare_means, holm_over, mean_ci, p_text, permutation_test, retest, retest_sides,
+                     significance)
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 START, END = "<!-- demo-results:start -->", "<!-- demo-results:end -->"
@@ -645,55 +645,33 @@ def tables_from(saved):
     return text
 
 
-def kernels(results):
-    """The vector kernels that trained a results file's runs, as their machines name them ('AVX512', 'DEFAULT')."""
-    return kernels_of(run.get("trained_by", {}).get("machine", "") for run in results["runs"])
-
-
 def rounding_tables(native, other):
-    """The same models trained and evaluated under two roundings (a machine's own vector kernels and ATen's
-    default ones): for each label both results files have, the perplexity per length under each with each
-    seed's longest-over-first ratio (mean and 95% CI over seeds); then for each DAPE-X against X pair both have,
-    the difference per length under each, and whether what it says holds under both: the same direction at
-    every length, and the same verdict of the Holm-adjusted exact test (exact_tests, over each file's table)."""
+    """The test-retest (results.retest) of the same models trained and evaluated under two roundings (a machine's
+    own vector kernels and ATen's default ones): each run's perplexity at the longest length; each DAPE-X against X
+    pair both files have, by the exact tests of its family of lengths (exact_tests)."""
     lengths = [L for L in native["lengths"] if L in other["lengths"]]
-    first, last = lengths[0], lengths[-1]
-    both = [(g, h) for g in native["groups"] for h in other["groups"] if g["label"] == h["label"]]
-    rows = ["| model | kernels | seeds | " + " | ".join(str(L) for L in lengths)
-            + f" | {last} / {first} per seed |",
-            "| --- " * (len(lengths) + 4) + "|"]
-    for g, h in both:
-        for results, group in ((native, g), (other, h)):
-            ratio = seed_ratio(group, first, last)
-            rows.append(f"| {group['label']} | {kernels(results)} | {group['n']} | "
-                        + " | ".join(cell(group["ppl"][str(L)], "{:.3f}") for L in lengths) + " | "
-                        + (f"{ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}]" if ratio else "-") + " |")
-    pairs = [(c, d) for c in native["comparisons"] for d in other["comparisons"]
-             if (c["label"], c["baseline"]) == (d["label"], d["baseline"])]
-    diffs = ["| DAPE-X minus X | kernels | " + " | ".join(str(L) for L in lengths)
-             + " | same direction and Holm verdict under both |",
-             "| --- " * (len(lengths) + 3) + "|"]
-    tests = [exact_tests(native), exact_tests(other)]
-    for c, d in pairs:
-        key, verdicts = (c["label"], c["baseline"]), []
-        for results, comparison, exact in ((native, c, tests[0]), (other, d, tests[1])):
-            cells, said = [], []
-            for L in lengths:
-                p = comparison["p_value"][str(L)]
-                if p["status"] != "ok":
-                    cells.append(p["status"])
-                    said.append(None)
-                    continue
-                cells.append(f"{p['mean_diff']:+.3f} [{p['ci'][0]:+.3f}, {p['ci'][1]:+.3f}], Holm "
-                             f"{p_text(exact[key][L]['p_holm'])}")
-                said.append(verdict(dict(exact[key][L], diff=p["mean_diff"])))
-            verdicts.append(said)
-            diffs.append(f"| {c['label']} - {c['baseline']} | {kernels(results)} | " + " | ".join(cells)
-                         + " | {} |")
-        same = [a == b and a is not None for a, b in zip(*verdicts)]
-        diffs[-2] = diffs[-2].replace(" {} |", f" {sum(same)} of {len(lengths)} lengths |")
-        diffs[-1] = diffs[-1].replace(" {} |", " |")
-    return "\n".join(rows) + "\n\n" + "\n".join(diffs)
+    groups = [{g["label"]: g for g in results["groups"]} for results in (native, other)]
+    machines = [{(r["label"], r["seed"]): r.get("trained_by", {}).get("machine") for r in results["runs"]}
+                for results in (native, other)]
+    at_last = lambda g: dict(zip(g["seeds"], g["ppl"][str(lengths[-1])].get("values") or []))
+    runs, sides = [], []
+    for label, g in groups[0].items():
+        h = groups[1].get(label, {"seeds": []})
+        for seed in [s for s in g["seeds"] if s in h["seeds"]]:
+            runs.append((label, seed, at_last(g).get(seed), at_last(h).get(seed), None, None))
+            sides.append(tuple(m.get((label, seed)) for m in machines))
+    exact = [exact_tests(native), exact_tests(other)]
+    tests = lambda i, c: [dict(exact[i][(c["label"], c["baseline"])][L], diff=c["p_value"][str(L)]["mean_diff"],
+                               ci=c["p_value"][str(L)]["ci"]) if c["p_value"][str(L)]["status"] == "ok"
+                          else c["p_value"][str(L)] for L in lengths]
+    comparisons = [(f"{c['label']} vs {c['baseline']}", "perplexity", tests(0, c), tests(1, d))
+                   for c in native["comparisons"] for d in other["comparisons"]
+                   if (c["label"], c["baseline"]) == (d["label"], d["baseline"])]
+    return retest(retest_sides(sides), runs, comparisons,
+                  f"its perplexity at the longest length, {lengths[-1]}",
+                  f"each DAPE-X against X pair in perplexity at any of the {len(lengths)} lengths, by the exact "
+                  "tests of its family of lengths (Holm within the pair's lengths; the registered primary test's "
+                  "cell unadjusted)", fmt="{:+.3f}", run_fmt="{:.3f}")
 
 
 USAGE = ("usage: python demo_report.py [RESULTS_DIR] [--minutes=M --models=N]   (the run's report)\n"

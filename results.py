@@ -415,12 +415,10 @@ def significance(c, alpha=ALPHA):
 
 # -----------------------------------------------------------------------------
 # the test-retest of the same runs trained twice (under two roundings of one machine, ATen's vector kernels and
-# ATEN_CPU_CAPABILITY=default, or on two machines), as che_tasks.py and eval_passkey.py report it alike: only the
-# runs in both files count, each side's 'learned' by the protocol's rule; a table per setting (how many seeds
-# learned on each side, how many changed sides, how the figures moved: Pearson's r and the mean absolute move), one
-# per run, and every comparison the published tables make, each computed on each side as its own table computes it
-# (Holm over that table), with whether its conclusion (which side is ahead, whether Holm's exact p is below ALPHA)
-# holds on both
+# ATEN_CPU_CAPABILITY=default, or on two machines), as che_tasks.py, eval_passkey.py and demo_report.py report it
+# alike (retest): only the runs in both files count; first how each run's figure moved, then each comparison the
+# published tables make, once however many lengths it has, classed by whether it was a conclusion (a Holm p below
+# ALPHA) under the first side and holds under the second; ties and non-significant differences apart
 
 
 def kernels_of(machines):
@@ -490,18 +488,9 @@ def pearson(x, y):
     return float(np.corrcoef(x, y)[0, 1])
 
 
-def moved(xs, ys, fmt='{:.1f}'):
-    """How a test-retest's figures moved, xs on one side and ys on the other, as its tables write it: [Pearson's r
-    ('n/a' with fewer than 3 pairs, a side that does not vary, or a figure missing), the mean absolute move]."""
-    if not xs or None in list(xs) + list(ys):
-        return ['n/a', 'n/a']
-    r = pearson(xs, ys)
-    return ['n/a' if r is None else f"{r:+.2f}", fmt.format(np.mean(np.abs(np.subtract(xs, ys))))]
-
-
 def learned_cell(flags):
-    """How many seeds learned (their flags), with the exact 95% interval; 'n/a' where one was not evaluated."""
-    return 'n/a' if None in flags else k_of_n_text(sum(flags), len(flags))
+    """How many seeds learned (their flags), with the exact 95% interval; 'n/a' where one was not judged."""
+    return 'n/a' if not flags or None in flags else k_of_n_text(sum(flags), len(flags))
 
 
 def changed_sides(flags_a, flags_b):
@@ -513,43 +502,115 @@ def yes_no(flag):
     return 'n/a' if flag is None else 'yes' if flag else 'no'
 
 
-def verdict(c, alpha=ALPHA):
-    """A comparison as the pages state it: which side is ahead ('ahead', 'behind', 'level'), with '*' where
-    Holm's exact p is below alpha (significance); its status where it has no test."""
-    if c['status'] != 'ok':
-        return c['status']
-    ahead = 'ahead' if c['diff'] > 0 else 'behind' if c['diff'] < 0 else 'level'
-    return ahead + ('*' if significance(c, alpha) else '')
+def direction(tests, alpha=ALPHA):
+    """One comparison under one side of a test-retest, its tests (one, or one a length, each a compare_means result
+    with its Holm p): (conclusion, sign). conclusion: '+' or '-' where some test's Holm p is below alpha, all such
+    tests of that sign ('+-' where they disagree), else None; sign: that of every nonzero tested difference ('+-'
+    where they disagree), '0' where every one is 0 (an exact tie); (None, None) where none has a test."""
+    ok = [c for c in tests if c['status'] == 'ok']
+    if not ok:
+        return None, None
+    sign = lambda cs: ''.join(s for s in '+-' if any((c['diff'] > 0) == (s == '+') and c['diff'] for c in cs))
+    significant = [c for c in ok if c.get('p_holm') is not None and c['p_holm'] < alpha]
+    return sign(significant) or None, sign(ok) or '0'
 
 
-def holds(ca, cb):
-    """Whether a comparison's conclusion (verdict) is the same under two roundings: True or False, None where
-    either has no test."""
-    if not ca['status'] == cb['status'] == 'ok':
-        return None
-    return verdict(ca) == verdict(cb)
+RETEST_CLASSES = {'holds': 'holds', 'fails': 'fails', 'second': 'conclusion under the second only',
+                  'tie': 'tie', 'same': 'same sign, not significant', 'opposite': 'opposite or mixed sign, not significant',
+                  'n/a': 'n/a: no test under one side'}
 
 
-def verdict_counts(comparisons):
-    """One pair's comparisons (e.g. one a test length) in a few words: 'ahead at 17, significantly at 2; behind
-    significantly at 0' (significantly: Holm's exact p below ALPHA)."""
-    cs = list(comparisons)
-    return (f"ahead at {sum(c['status'] == 'ok' and c['diff'] > 0 for c in cs)}, "
-            f"significantly at {sum(significance(c) == 'higher' for c in cs)}; behind "
-            f"significantly at {sum(significance(c) == 'lower' for c in cs)}")
+def retest_class(ca, cb):
+    """What a comparison (its tests under each side, direction) does across a test-retest, a key of RETEST_CLASSES:
+    a conclusion under the first side that holds (the same under the second) or fails; a conclusion under the
+    second only; else an exact tie under either side, never counted as holding, a same-signed difference or one of
+    opposite or mixed sign."""
+    (ka, sa), (kb, sb) = direction(ca), direction(cb)
+    if sa is None or sb is None:
+        return 'n/a'
+    if ka:
+        return 'holds' if ka == kb else 'fails'
+    if kb:
+        return 'second'
+    if '0' in (sa, sb):
+        return 'tie'
+    return 'same' if sa == sb and len(sa) == 1 else 'opposite'
 
 
-def holds_at(ca, cb, keys, name):
-    """Where one pair's conclusions hold under both roundings, ca and cb {key: comparison} (e.g. per length
-    `name`=key): (text 'at 15 of 17; not at N=51,61' or 'n/a' where no key has a test under both, how many
-    hold, how many have a test under both)."""
-    none = {'status': 'n/a: not evaluated'}  # a key one rounding's file lacks has no test under both
-    ca, cb = {k: ca.get(k, none) for k in keys}, {k: cb.get(k, none) for k in keys}
-    tested = [k for k in keys if holds(ca[k], cb[k]) is not None]
-    other = [k for k in tested if not holds(ca[k], cb[k])]
-    text = (f"at {len(tested) - len(other)} of {len(tested)}" + (f"; not at {name}={','.join(map(str, other))}" if other else '')
-            if tested else 'n/a')
-    return text, len(tested) - len(other), len(tested)
+def retest_counts(classes):
+    """The caption's count of retest_class's classes, one a comparison."""
+    n = {k: classes.count(k) for k in RETEST_CLASSES}
+    rest = (f"{n['same']} kept their sign, {n['opposite']} had opposite or mixed signs and {n['tie']} were exact "
+            f"ties under one side or both")
+    if n['holds'] + n['fails'] + n['second'] == 0:
+        text = (f"No comparison was a conclusion under either side: of the {len(classes) - n['n/a']} with a test under "
+                f"both, {rest}")
+    else:
+        text = (f"Of the {len(classes)} comparisons, {n['holds'] + n['fails']} were conclusions under the first side, "
+                f"of which {n['holds']} hold under the second and {n['fails']} do not; {n['second']} were conclusions "
+                f"under the second only; of the rest, {rest}")
+    return text + (f"; {n['n/a']} had no test under one side." if n['n/a'] else '.')
+
+
+def retest_cell(tests, fmt):
+    """A comparison's tests under one side as the retest writes them: one test, its difference [95% interval] (or
+    the shares that learned) and Holm p; several, at how many the difference is higher and lower, and the least
+    Holm p."""
+    ok = [c for c in tests if c['status'] == 'ok']
+    if not ok:
+        return tests[0]['status'] if tests else 'n/a'
+    p = f"Holm p {p_text(min(c['p_holm'] for c in ok))}"
+    if len(tests) == 1:
+        return f"{tests[0].get('shares') or difference_text(tests[0], fmt)}, {p}"
+    return (f"higher at {sum(c['diff'] > 0 for c in ok)}, lower at {sum(c['diff'] < 0 for c in ok)} of "
+            f"{len(tests)}; least {p}")
+
+
+def retest(sides, runs, comparisons, figure, rule, fmt='{:+.1f}', run_fmt='{:.1f}'):
+    """The test-retest's tables, one layout for every script. sides: retest_sides' (name, name, how); runs: [(group,
+    seed, its figure under each side, whether it learned under each (None: not judged))]; comparisons: [(name,
+    measure, its tests under the first side, under the second)], each comparison once, its tests one or one a
+    length (retest_cell); figure and rule: what a run's figure is and what a comparison's tests are, for the
+    caption. First how each run's figure moved (Pearson's r across the sides, the mean absolute change, the runs
+    that changed sides between learned and not), per group and over all; then each run; then each comparison with
+    its class (retest_class), counted in the caption (retest_counts)."""
+    a, b, how = sides
+
+    def moved(rs):
+        xs, ys = [r[2] for r in rs], [r[3] for r in rs]
+        if not rs or None in xs + ys:
+            return ['n/a', 'n/a']
+        r = pearson(xs, ys)
+        return ['n/a' if r is None else f"{r:+.2f}", run_fmt.format(np.mean(np.abs(np.subtract(xs, ys))))]
+
+    def learned(rs):
+        la, lb = [r[4] for r in rs], [r[5] for r in rs]
+        return [learned_cell(la), learned_cell(lb), 'n/a' if None in la + lb else str(changed_sides(la, lb))]
+
+    groups = {r[0]: [s for s in runs if s[0] == r[0]] for r in runs}
+    judged = any(r[4] is not None or r[5] is not None for r in runs)  # the demo's runs are not judged learned
+    fig = lambda v: 'n/a' if v is None else run_fmt.format(v)
+    classes = [retest_class(ca, cb) for *_, ca, cb in comparisons]
+    seeds = sorted({r[1] for r in runs}, key=lambda s: (s is None, s or 0))
+    text = [format_table(['model', 'runs', 'r', 'mean change'] + [f"learned, {a}", f"learned, {b}", 'changed sides'] * judged,
+                         [[g, str(len(rs))] + moved(rs) + learned(rs) * judged
+                          for g, rs in list(groups.items()) + [('all', runs)]], True),
+            format_table(['model', 'seed', f"{a} / {b}"] + [f"learned, {a} / {b}"] * judged,
+                         [[g, str(s), f"{fig(x)} / {fig(y)}"] + [f"{yes_no(lx)} / {yes_no(ly)}"] * judged
+                          for g, s, x, y, lx, ly in runs], True)]
+    if comparisons:
+        text.append(format_table(['comparison', 'measure', a, b, 'across the two'],
+                                 [[name, measure, retest_cell(ca, fmt), retest_cell(cb, fmt), RETEST_CLASSES[k]]
+                                  for (name, measure, ca, cb), k in zip(comparisons, classes)], True))
+    caption = (f"The same runs (seeds {','.join(map(str, seeds))}) trained {how}. A run's figure: {figure}. r: "
+               f"Pearson's correlation of the runs' figures across the two sides (n/a: fewer than 3 runs, a side that "
+               f"does not vary, or a figure missing); mean change: their mean absolute difference"
+               + ("; learned, with the exact 95% interval, under each side, and the runs that changed sides between "
+                  "learned and not" if judged else '') + f". Each comparison counts once: {rule}. It is a conclusion under a side where a test's Holm p, as its table "
+               f"computes it there, is below {ALPHA:g}, and holds where the second side draws the same conclusion; "
+               f"an exact tie (the two groups equal) is never counted as holding. "
+               + (retest_counts(classes) if comparisons else "No comparison: no pair of this table is in both files."))
+    return '\n\n'.join(text + [caption])
 
 
 # -----------------------------------------------------------------------------
@@ -1471,9 +1532,9 @@ def check_selection(path, runs, tasks, columns, cfg):
 
 
 def retest_tables(cells_a, cells_b, tasks, columns, cfg):
-    """The test-retest (its section above) of the runs of cells_a and cells_b, a run being its task, encoding, rate
-    and seed: how ID, OOD and the per-length accuracies moved; per run, ID, OOD and the longest length's accuracy;
-    the comparisons of the tables over seeds (the shares of seeds that learned included) and per length."""
+    """The test-retest (retest) of the runs of cells_a and cells_b, a run being its task, encoding, rate and seed:
+    each run's OOD score; each DAPE-X against X of the tables over seeds in OOD and ID over every seed and in the
+    share of seeds that learned."""
     key = lambda r: (r['seed'], r['learning_rate'])
     common_cells = {}
     for k in cells_a.keys() & cells_b.keys():
@@ -1484,81 +1545,31 @@ def retest_tables(cells_a, cells_b, tasks, columns, cfg):
     rows_a, rows_b = seed_rows(one(0), tasks, columns, cfg), seed_rows(one(1), tasks, columns, cfg)
     if not rows_a:
         return 'no run of these tasks and encodings is in both files'
-    machines = [(x.get('machine'), y.get('machine')) for (*_, ra, _), (*_, rb, _) in zip(rows_a, rows_b)
-                for x, y in zip(ra, rb)]
-    a_name, b_name, how = retest_sides(machines)
-    fig = lambda v: 'n/s' if v is None else f"{v:.1f}"
-    summary = [f"| Task | Encoding | seeds | learned, {a_name} | learned, {b_name} | changed sides | ID r | ID mean move | "
-               f"OOD r | OOD mean move | per-length r | per-length mean move |", '|' + ' --- |' * 12]
-    per_run = [f"| Task | Encoding | seed | learned, {a_name} / {b_name} | ID, {a_name} / {b_name} | "
-               f"OOD, {a_name} / {b_name} | OOD at the longest N, {a_name} / {b_name} | per-length r |", '|' + ' --- |' * 8]
-    pooled = {'id': ([], []), 'ood': ([], []), 'len': ([], []), 'flips': 0, 'n': 0}
+    several_rates = len(parse_learning_rates(cfg)) > 1
+    label = lambda t, p, d, lr: (encoding_label(p, d) + (f" ({t})" if len(tasks) > 1 else '')
+                                 + (f" lr {lr:g}" if several_rates else ''))
+    runs, machines = [], []
     for (t, p, d, lr, ra, threshold), (*_, rb, _) in zip(rows_a, rows_b):
-        la, lb = [is_learned(r, threshold) for r in ra], [is_learned(r, threshold) for r in rb]
-        ids = [r['id_score'] for r in ra], [r['id_score'] for r in rb]
-        oods = [r['score'] for r in ra], [r['score'] for r in rb]
-        curves = [(per_length(x), per_length(y)) for x, y in zip(ra, rb)]  # each run's, under each rounding
-        pairs = [(px[N], py[N]) for px, py in curves for N in sorted(px.keys() & py.keys())]
-        lens = [a for a, _ in pairs], [b for _, b in pairs]
-        flips = changed_sides(la, lb)
-        for name, (xs, ys) in (('id', ids), ('ood', oods), ('len', lens)):
-            if None not in xs + ys:
-                pooled[name][0].extend(xs), pooled[name][1].extend(ys)
-        pooled['flips'] += flips
-        pooled['n'] += len(ra)
-        summary.append(f"| {t} | {encoding_label(p, d)} | {len(ra)} | {learned_cell(la)} | {learned_cell(lb)} | {flips} | "
-                       + ' | '.join(moved(*ids) + moved(*oods) + moved(*lens)) + ' |')
-        for x, y, lx, ly, (px, py) in zip(ra, rb, la, lb, curves):
-            both = sorted(px.keys() & py.keys())
-            longest = (f"{fig(px[both[-1]])} / {fig(py[both[-1]])} (N={both[-1]})" if both else 'n/a')
-            per_run.append(f"| {t} | {encoding_label(p, d)} | {x['seed']} | {yes_no(lx)} / {yes_no(ly)} | "
-                           f"{fig(x['id_score'])} / {fig(y['id_score'])} | {fig(x['score'])} / {fig(y['score'])} | "
-                           f"{longest} | {moved([px[N] for N in both], [py[N] for N in both])[0]} |")
-    summary.append(f"| all | all | {pooled['n']} | | | {pooled['flips']} | "
-                   + ' | '.join(moved(*pooled['id']) + moved(*pooled['ood']) + moved(*pooled['len'])) + ' |')
-    # the comparisons, each computed under each rounding as its own table computes it (Holm over that table)
-    sa, sb = seed_comparisons(rows_a), seed_comparisons(rows_b)
-    checks = [f"| Task | Comparison | measure | {a_name}: difference, Holm p | {b_name}: difference, Holm p | holds under both |",
-              '|' + ' --- |' * 6]
-    held = total = 0
-    cell = lambda c: f"{difference_text(c)}, {p_text(c.get('p_holm'))}" if c['status'] == 'ok' else c['status']
-    by_key_a, by_key_b = ({(t, p, d, lr): (runs, threshold) for t, p, d, lr, runs, threshold in rows}
-                          for rows in (rows_a, rows_b))
-    shares = lambda by_key, k, base, c: share_cell(by_key[k][0], by_key[base][0], by_key[k][1], c, sep=': ')
-    by_pair_b = {(k, base): cb for k, base, cb in sb}  # both files hold the same runs, so the same pairs
-    for k, base, ca in sa:
-        cb = by_pair_b[(k, base)]
-        name = f"{encoding_label(k[1], k[2])} vs {encoding_label(k[1], base[2])}"
-        for i, (what, x, y) in enumerate(zip(('OOD, learned seeds', 'OOD, every seed', 'ID, every seed',
-                                              'share of seeds that learned'), ca, cb)):
-            ok = holds(x, y)
-            held, total = held + bool(ok), total + (ok is not None)
-            texts = ([cell(x), cell(y)] if i < 3 else [shares(by_key_a, k, base, x), shares(by_key_b, k, base, y)])
-            checks.append(f"| {k[0]} | {name} | {what} | {texts[0]} ({verdict(x)}) | {texts[1]} ({verdict(y)}) | "
-                          f"{yes_no(ok)} |")
-    for t in tasks:
-        la_rows, lb_rows = [r for r in rows_a if r[0] == t], [r for r in rows_b if r[0] == t]
-        (ca_all, lengths_a), (cb_all, lengths_b) = length_comparisons(la_rows), length_comparisons(lb_rows)
-        lengths = sorted(set(lengths_a) | set(lengths_b))  # a length one file lacks counts as no test there
-        by_pair_b = {(k, base): cb for k, base, cb in cb_all}
-        for k, base, ca in ca_all:
-            cb = by_pair_b.get((k, base), {})
-            name = f"{encoding_label(k[1], k[2])} vs {encoding_label(k[1], base[2])}"
-            text, same, tested = holds_at(ca, cb, lengths, 'N')
-            held, total = held + same, total + tested
-            checks.append(f"| {t} | {name} | OOD at each of {len(lengths)} lengths | {verdict_counts(ca.values())} | "
-                          f"{verdict_counts(cb.values()) if cb else 'n/a: no per-length figures'} | {text} |")
-    seeds = sorted({r['seed'] for *_, runs, _ in rows_a for r in runs})
-    caption = (f"The same runs (seeds {','.join(map(str, seeds))}) trained {how}. learned: as in the tables over "
-               f"seeds, with the exact 95% interval; changed sides: runs learned under one and not the other. "
-               f"r: Pearson's correlation between the two roundings over the seeds (per length: "
-               f"over every seed and test length); mean move: the mean absolute difference, in accuracy points. "
-               f"Comparisons: each as its table computes it under each rounding (Holm over that table), the share of "
-               f"seeds that learned among them; ahead or "
-               f"behind, * where Holm's exact p is below {ALPHA:g}; it holds where both say the same (n/a: no test "
-               f"under one of them, fewer than two seeds a side or not servable). {held} of {total} conclusions "
-               f"hold under both.")
-    return '\n'.join(summary) + '\n\n' + '\n'.join(per_run) + '\n\n' + '\n'.join(checks) + '\n\n' + caption
+        for x, y in zip(ra, rb):
+            runs.append((label(t, p, d, lr), x['seed'], x['score'], y['score'], is_learned(x, threshold),
+                         is_learned(y, threshold)))
+            machines.append((x.get('machine'), y.get('machine')))
+
+    def tests(rows):  # a side's comparisons as its own table computes them
+        by_key = {(t, p, d, lr): (rs, threshold) for t, p, d, lr, rs, threshold in rows}
+        return [(k, base, [[cs[1]], [cs[2]], [dict(cs[3], shares=share_cell(by_key[k][0], by_key[base][0],
+                                                                            by_key[k][1], {'status': None}))]])
+                for k, base, cs in seed_comparisons(rows)]
+    comparisons = [(f"{label(*k)} vs {label(*base)}", m, x, y)
+                   for (k, base, ta), (_, _, tb) in zip(tests(rows_a), tests(rows_b))
+                   for m, x, y in zip(('OOD, every seed', 'ID, every seed', 'share of seeds that learned'), ta, tb)]
+    return retest(retest_sides(machines), runs, comparisons,
+                  "its OOD score (%, the tables' OOD column: the mean accuracy over the test lengths beyond training; "
+                  "n/a: not servable), learned as in the tables over seeds",
+                  "each DAPE-X against X of the tables over seeds, in OOD and in ID accuracy over every seed and in "
+                  "the share of seeds that learned, as that table computes it under each side (Holm over its "
+                  "comparisons); the OOD score is already the mean over the lengths, and OOD over the seeds that "
+                  "learned is left out, since which seeds learned is what a rounding moves")
 
 
 # -----------------------------------------------------------------------------
@@ -1879,107 +1890,38 @@ def _by_run(rows, which):
     return out
 
 
-def _paired_figures(a, b, lens, metric):
-    """A run's metric under both roundings at each length where both have it: (a's list, b's list)."""
-    pairs = [(a['per_length'][L][metric], b['per_length'][L][metric]) for L in lens
-             if all(isinstance(r['per_length'].get(L), dict) and metric in r['per_length'][L] for r in (a, b))]
-    return [x for x, _ in pairs], [y for _, y in pairs]
-
-
 def passkey_retest_tables(protocol, rows_a, rows_b, lens):
-    """The test-retest (its section above) of rows_a (--tables_from) and rows_b (--rounding_from), a run being its
-    setting and seed: how exact match and the log-likelihood per answer token moved over every seed and length;
-    per run, its figures at the training length and the longest; the comparisons of compare_groups (DAPE-X against
-    X at each length in each of MEASURES, over the learned seeds and over all) and of the shares that learned."""
+    """The test-retest (retest) of rows_a (--tables_from) and rows_b (--rounding_from), a run being its setting and
+    seed: each run's exact match, the mean over the lengths both have; each comparison of compare_groups over every
+    seed, in each of MEASURES at any length, and in the share of seeds that learned."""
     by_a, by_b = _by_run(rows_a, 'tables_from'), _by_run(rows_b, 'rounding_from')
     both = [k for k in by_a if k in by_b]  # in the first file's order: the groups of both come out alike
     if not both:
         return 'no run (setting and seed) is in both files'
     ra, rb = [by_a[k] for k in both], [by_b[k] for k in both]
     ga, gb = group_rows(ra, lens, protocol['learned_exact']), group_rows(rb, lens, protocol['learned_exact'])
-    a_name, b_name, how = retest_sides([(x.get('machine'), y.get('machine')) for x, y in zip(ra, rb)])
-
-    def figures(runs_a, runs_b):
-        """The cells of table 1 after the learned ones: r and mean move of exact match (points) and log-likelihood."""
-        cells = []
-        for metric, scale, fmt in (('accuracy', 100, '{:.1f}'), ('logp_mean', 1, '{:.3f}')):
-            pairs = [_paired_figures(x, y, lens, metric) for x, y in zip(runs_a, runs_b)]
-            xs, ys = [scale * v for p in pairs for v in p[0]], [scale * v for p in pairs for v in p[1]]
-            cells += moved(xs, ys, fmt)
-        return cells
-
-    summary, per_run, flips = [], [], 0
+    runs = []
     for g, h in zip(ga, gb):
-        runs_a, runs_b = [by_a[(g['label'], s)] for s in g['seeds']], [by_b[(g['label'], s)] for s in g['seeds']]
-        f = changed_sides(g['learned_seeds'], h['learned_seeds'])
-        flips += f
-        summary.append([g['label'], ','.join(map(str, g['seeds'])), learned_cell(g['learned_seeds']), learned_cell(h['learned_seeds']), str(f)]
-                       + figures(runs_a, runs_b))
-        for x, y, fx, fy in zip(runs_a, runs_b, g['learned_seeds'], h['learned_seeds']):
-            pct = lambda r, L: (f"{100 * r['per_length'][L]['accuracy']:.0f}%"
-                                if isinstance(r['per_length'].get(L), dict) else 'n/a')
-            at = [L for L in lens if isinstance(x['per_length'].get(L), dict) and isinstance(y['per_length'].get(L), dict)]
-            longest = max(at, default=None)
-            lp = lambda r: f"{r['per_length'][longest]['logp_mean']:.3f}" if 'logp_mean' in r['per_length'][longest] else 'n/a'
-            per_run.append([g['label'], str(x['seed']), f"{yes_no(fx)} / {yes_no(fy)}",
-                            f"{pct(x, x['block_size'])} / {pct(y, y['block_size'])}",
-                            'n/a' if longest is None else f"{pct(x, longest)} / {pct(y, longest)} (L={longest})",
-                            'n/a' if longest is None else f"{lp(x)} / {lp(y)} (L={longest})"])
-    summary.append(['all', f"{len(ra)} runs", '', '', str(flips)] + figures(ra, rb))
-    # the comparisons, each computed under each rounding as its own table computes it (Holm over that table)
-    checks, shares = [], []
-    held, total = {'learned': 0, 'all': 0}, {'learned': 0, 'all': 0}  # over the seeds that learned, over every seed
+        for s, fa, fb in zip(g['seeds'], g['learned_seeds'], h['learned_seeds']):
+            x, y = by_a[(g['label'], s)], by_b[(g['label'], s)]
+            at = [L for L in lens if all(isinstance(r['per_length'].get(L), dict) for r in (x, y))]
+            mean = lambda r: 100 * np.mean([r['per_length'][L]['accuracy'] for L in at]) if at else None
+            runs.append((g['label'], s, mean(x), mean(y), fa, fb))
+    comparisons = []
     for metric, measure in MEASURES.items():
         for ca, cb in zip(compare_groups(ga, lens, metric), compare_groups(gb, lens, metric)):
-            for which, name in (('learned_seeds', 'learned'), ('all_seeds', 'all')):
-                text, same, tested = holds_at(ca[which], cb[which], lens, 'L')
-                held[name], total[name] = held[name] + same, total[name] + tested
-                checks.append([f"{ca['label']} - {ca['baseline']}", measure, name, verdict_counts(ca[which].values()),
-                               verdict_counts(cb[which].values()), text])
+            name = f"{ca['label']} vs {ca['baseline']}"
+            comparisons.append((name, f"{measure}, every seed", *([c['all_seeds'][L] for L in lens] for c in (ca, cb))))
             if 'learned_share' in ca:
-                same = holds(ca['learned_share'], cb['learned_share'])
-                held['all'], total['all'] = held['all'] + bool(same), total['all'] + (same is not None)
-                shares.append([f"{ca['label']} - {ca['baseline']}"] + [share_text(c) for c in (ca, cb)]
-                              + [yes_no(same)])
-    seeds = sorted({r['seed'] for r in ra}, key=lambda s: (s is None, s or 0))
-    text = [format_table(['model', 'seeds', f"learned, {a_name}", f"learned, {b_name}", 'changed sides', 'exact match r',
-                          'exact match mean move', 'log-likelihood r', 'log-likelihood mean move'], summary, True),
-            format_table(['model', 'seed', f"learned, {a_name} / {b_name}",
-                          f"exact match at the training length, {a_name} / {b_name}",
-                          f"exact match at the longest length, {a_name} / {b_name}",
-                          f"log-likelihood at the longest length, {a_name} / {b_name}"], per_run, True)]
-    if checks:
-        text.append(format_table(['DAPE-X minus X', 'measure', 'seeds', f"{a_name}: at each of {len(lens)} lengths",
-                                  f"{b_name}: at each of {len(lens)} lengths", 'holds under both'],
-                                 checks, True))
-    if shares:
-        text.append(format_table(['DAPE-X against X, seeds that learned', a_name, b_name, 'holds under both'],
-                                 shares, True))
-    caption = (f"The same runs (seeds {','.join(map(str, seeds))}) trained {how}. Only runs (model and seed) in "
-               f"both files count. {learned_text(protocol['learned_exact'])}, under each rounding; changed sides: "
-               f"runs learned under one and not the other. r: Pearson's correlation between "
-               f"the two roundings over every seed and length (n/a: fewer than 3 pairs, or one side does not vary); "
-               f"mean move: the mean absolute difference, in points of exact match, in nats of log-likelihood per "
-               f"answer token. Comparisons: DAPE-X minus X's exact match, and apart its log-likelihood per answer token, at "
-               f"each length, over the seeds that learned (learned) and over every seed (all), each as its table computes it under each rounding (Holm over that "
-               f"table); ahead, and significantly where Holm's exact p is below {ALPHA:g}"
-               + ("; and apart the share of seeds that learned, in the exact-match table" if shares else '') +
-               f"; a conclusion (ahead, behind or level, significantly or not) holds where both say the same (n/a: no "
-               f"test under one of them). {sum(held.values())} of {sum(total.values())} conclusions hold under "
-               f"both: {held['all']} of {total['all']} over every seed"
-               + (" (the shares of seeds that learned among them)" if shares else '')
-               + (f", {held['learned']} of {total['learned']} over the seeds that learned, which the rounding chooses."
-                  if total['learned'] else ", none over the seeds that learned (too few for a test under both)."))
-    return '\n\n'.join(text + [caption])
-
-
-def share_text(c):
-    """A comparison's share of seeds that learned (compare_groups, exact match) as the test-retest writes it:
-    '3 of 6 vs 6 of 6: behind, exact 0.18, Holm 1' ('behind*' where Holm's p is below ALPHA)."""
-    ka, na, kb, nb = c['learned']
-    t = c['learned_share']
-    return (f"{ka} of {na} vs {kb} of {nb}: " + (verdict(t) if t['status'] != 'ok' else
-            f"{verdict(t)}, exact {p_text(t['p_exact'])}, Holm {p_text(t['p_holm'])}"))
+                shares = lambda c: dict(c['learned_share'], shares="{} of {} vs {} of {}".format(*c['learned']))
+                comparisons.append((name, 'share of seeds that learned', [shares(ca)], [shares(cb)]))
+    return retest(retest_sides([(x.get('machine'), y.get('machine')) for x, y in zip(ra, rb)]), runs, comparisons,
+                  f"its exact match (%), the mean over the lengths both sides have; {learned_text(protocol['learned_exact'])}",
+                  f"DAPE-X against X over every seed in {' and in '.join(MEASURES.values())}, at any of the "
+                  f"{len(lens)} lengths (a conclusion where the Holm p is below the level at some length, all such "
+                  "of one sign), and in the share of seeds that learned, as its table computes it under each side "
+                  "(Holm over that table); the comparisons over the seeds that learned are left out, since which "
+                  "seeds learned is what a rounding moves")
 
 
 def figure_from_files(paths, out):

@@ -946,7 +946,8 @@ def test_retest_tables_pair_runs_by_seed_and_rate():
                                                                   learning_rate=3e-3, id_score=10.0))
     table = C.retest_tables(cells_a, cells_b, ['bucket_sort'], [('alibi', 'none'), ('alibi', 'v1')],
                             _cfg(seeds='0,1,2', learning_rates='3e-3,1e-3'))
-    assert _row(table, '| bucket_sort | ALiBi | 3 |')[5] == '0' and _row(table, '| all | all | 6 |')[5] == '0', table
+    assert _row(table, '| ALiBi lr 0.001 | 3 |')[6] == '0' and _row(table, '| all | 6 |')[6] == '0', table
+    assert not any(line.startswith('| ALiBi lr 0.003') for line in table.splitlines())
 
 
 def test_length_tables_give_every_seed_at_every_length_and_each_dape_difference():
@@ -978,10 +979,10 @@ def test_length_tables_give_every_seed_at_every_length_and_each_dape_difference(
 
 
 def test_retest_tables_pair_the_same_runs_under_two_roundings():
-    """The test-retest: only runs in both files count; per encoding, how many seeds learned under each rounding
-    and how many changed sides, Pearson's r and the mean move of ID, OOD and the per-length figures; per run,
-    both roundings side by side; and every comparison of the tables, each computed under each rounding as its
-    table computes it, with whether its conclusion (ahead or behind, significant or not) holds under both."""
+    """The test-retest: only runs in both files count; per encoding, Pearson's r and the mean change of the runs'
+    OOD scores, how many seeds learned under each rounding and how many changed sides; per run, both roundings
+    side by side; and each comparison of the tables over seeds once, computed under each rounding as its table
+    computes it, classed: here none is significant, so none is a conclusion, and a tie is said as one."""
     import results
     # ALiBi's seed 0 learns (60% for bucket_sort) only under the second rounding, its seed 1 only under the first
     a_base = [(s, [50.0, 75.0, 80.0, 85.0][s], {41: 50.0 + s, 51: 40.0 + 2 * s}) for s in range(4)]
@@ -996,31 +997,25 @@ def test_retest_tables_pair_the_same_runs_under_two_roundings():
     cfg = _cfg(seeds='0,1,2,3', learning_rate=1e-3)
     table = C.retest_tables(cells_a, cells_b, ['bucket_sort'], [('alibi', 'none'), ('alibi', 'v1')], cfg)
     lines = table.splitlines()
-    assert lines[0].startswith('| Task | Encoding | seeds | learned, AVX512 | learned, DEFAULT | changed sides |')
-    dape = _row(table, '| bucket_sort | DAPE-ALiBi | 4 |')
-    ids = [r[1] for r in a_dape], [r[1] for r in b_dape]
-    assert dape[3:6] == [results.k_of_n_text(4, 4), results.k_of_n_text(3, 4), '1']  # seed 0: 80% then 20% (< 60%)
-    assert _row(table, '| bucket_sort | ALiBi | 4 |')[3:6] == [results.k_of_n_text(3, 4)] * 2 + ['2']
-    assert dape[6] == f"{np.corrcoef(*ids)[0, 1]:+.2f}"
-    assert dape[7] == f"{np.mean(np.abs(np.subtract(*ids))):.1f}"
-    lens = ([r[2][N] for r in a_dape for N in (41, 51)], [r[2][N] for r in b_dape for N in (41, 51)])
-    assert dape[10] == f"{np.corrcoef(*lens)[0, 1]:+.2f}"
-    assert _row(table, '| all | all | 8 |')[5] == '3'
-    assert _row(table, '| bucket_sort | DAPE-ALiBi | 0 |')[3:5] == ['yes / no', '80.0 / 20.0']
-    assert not any(line.startswith('| bucket_sort | ALiBi | 9 |') for line in lines)  # not in both: not counted
-    # ID over every seed: DAPE ahead under the first rounding, behind under the second
-    assert _row(table, '| bucket_sort | DAPE-ALiBi vs ALiBi | ID, every seed |')[-1] == 'no'
-    assert _row(table, '| bucket_sort | DAPE-ALiBi vs ALiBi | OOD, every seed |')[-1] == 'yes'
-    # per length: DAPE ahead at 41 under both; at 51 ahead under the first only (45+s vs 40+2s; 43+s vs 48+s)
-    per_length = _row(table, '| bucket_sort | DAPE-ALiBi vs ALiBi | OOD at each of 2 lengths |')
-    assert per_length[3].startswith('ahead at 2,') and per_length[4].startswith('ahead at 1,')
-    assert per_length[5] == 'at 1 of 2; not at N=51'
-    # the shares of seeds that learned: DAPE ahead under the first (4 of 4 against 3 of 4), level under the second
-    share = _row(table, '| bucket_sort | DAPE-ALiBi vs ALiBi | share of seeds that learned |')
-    assert share[3:] == ['4 of 4 vs 3 of 4: exact 1, Holm 1 (ahead)', '3 of 4 vs 3 of 4: exact 1, Holm 1 (level)', 'no']
-    held = sum(line.endswith('| yes |') for line in lines) + 1
-    assert held == 3 and lines[-1].endswith('3 of 6 conclusions hold under both.')
+    assert lines[0] == '| model | runs | r | mean change | learned, AVX512 | learned, DEFAULT | changed sides |'
+    dape = _row(table, '| DAPE-ALiBi | 4 |')
+    oods = [[np.mean(list(r[2].values())) for r in runs] for runs in (a_dape, b_dape)]
+    assert dape[2:4] == [f"{np.corrcoef(*oods)[0, 1]:+.2f}", f"{np.mean(np.abs(np.subtract(*oods))):.1f}"]
+    assert dape[4:] == [results.k_of_n_text(4, 4), results.k_of_n_text(3, 4), '1']  # seed 0: 80% then 20% (< 60%)
+    assert _row(table, '| ALiBi | 4 |')[4:] == [results.k_of_n_text(3, 4)] * 2 + ['2']
+    assert _row(table, '| all | 8 |')[6] == '3'
+    assert _row(table, '| DAPE-ALiBi | 0 |')[2:] == ['52.5 / 52.5', 'yes / no']
+    assert not any(line.startswith('| ALiBi | 9 |') for line in lines)  # not in both: not counted
+    # ID over every seed: DAPE ahead under the first rounding, behind under the second; OOD ahead under both
+    assert _row(table, '| DAPE-ALiBi vs ALiBi | ID, every seed |')[-1] == 'opposite or mixed sign, not significant'
+    assert _row(table, '| DAPE-ALiBi vs ALiBi | OOD, every seed |')[-1] == 'same sign, not significant'
+    # the shares of seeds that learned: DAPE ahead under the first (4 of 4 against 3 of 4), tied under the second
+    assert _row(table, '| DAPE-ALiBi vs ALiBi | share of seeds that learned |')[2:] == [
+        '4 of 4 vs 3 of 4, Holm p 1', '3 of 4 vs 3 of 4, Holm p 1', 'tie']
     assert lines[-1].startswith('The same runs (seeds 0,1,2,3) trained under two roundings of one machine: ')
+    assert lines[-1].endswith('No comparison was a conclusion under either side: of the 3 with a test under both, 1 '
+                              'kept their sign, 1 had opposite or mixed signs and 1 were exact ties under one side or '
+                              'both.')
     # DAPE-ALiBi's seed 3 trained, and retrained, on another machine; then its seed 2's retest too: the caption
     # names both machines, and counts the run whose retest ran elsewhere, pairing each run with its own retest
     caption = lambda: C.retest_tables(cells_a, cells_b, ['bucket_sort'], [('alibi', 'none'), ('alibi', 'v1')],
@@ -1039,10 +1034,10 @@ def test_retest_tables_pair_the_same_runs_under_two_roundings():
             for r in cell['runs']:
                 r['machine'] = machine
     table = C.retest_tables(cells_a, cells_b, ['bucket_sort'], [('alibi', 'none'), ('alibi', 'v1')], cfg)
-    assert table.splitlines()[0].startswith('| Task | Encoding | seeds | learned, cpu | learned, other cpu |')
+    assert table.splitlines()[0].startswith('| model | runs | r | mean change | learned, cpu | learned, other cpu |')
     assert table.splitlines()[-1].startswith("The same runs (seeds 0,1,2,3) trained twice with ATen's AVX512 kernels, "
                                              "on two machines: cpu (tables_from), then other cpu (rounding_from), "
-                                             "otherwise identical. learned: ")
+                                             "otherwise identical. A run's figure: ")
     with pytest.raises(ValueError, match='rounding_from=.*name the first with tables_from'):
         C.check_config(_cfg(rounding_from='x.json'))
 
@@ -1072,21 +1067,21 @@ def test_a_saved_run_keeps_where_it_was_trained(tmp_path):
 
 
 def test_retest_counts_only_the_comparisons_that_have_a_test():
-    """With one seed a side there is no test under either rounding: the conclusion is n/a, not 'no', and the
-    caption counts it in neither figure."""
+    """With one seed a side there is no test under either rounding: the comparison is n/a, not a conclusion that
+    fails, and the caption counts it apart."""
     one = {('bucket_sort', 'alibi', d): _runs_with_lengths('bucket_sort', 'alibi', d, [(0, x, {41: x, 51: x, 61: x})])
            for d, x in (('none', 70.0), ('v1', 80.0))}
     table = C.retest_tables(one, one, ['bucket_sort'], [('alibi', 'none'), ('alibi', 'v1')],
                             _cfg(seeds='0', learning_rate=1e-3))
-    assert _row(table, '| bucket_sort | DAPE-ALiBi vs ALiBi | ID, every seed |')[-1] == 'n/a'
-    assert _row(table, '| bucket_sort | DAPE-ALiBi vs ALiBi | OOD at each of 3 lengths |')[-1] == 'n/a'
-    assert table.endswith('0 of 0 conclusions hold under both.')
+    assert _row(table, '| DAPE-ALiBi vs ALiBi | ID, every seed |')[-1] == 'n/a: no test under one side'
+    assert table.endswith('of the 0 with a test under both, 0 kept their sign, 0 had opposite or mixed signs and 0 '
+                          'were exact ties under one side or both; 3 had no test under one side.')
 
 
 def test_retest_and_length_tables_where_some_runs_keep_no_per_length_figures():
     """Results files written before runs kept their per-length accuracies: the test-retest of such a file against
-    one that keeps them says there is no per-length test under both (it must not fail), in either order, and a
-    lengths table over a file that mixes both kinds names the seeds its figures are over, not every seed."""
+    one that keeps them reads neither's per-length figures (it must not fail), in either order, and a lengths table
+    over a file that mixes both kinds names the seeds its figures are over, not every seed."""
     with_lengths = {('bucket_sort', 'alibi', d): _runs_with_lengths('bucket_sort', 'alibi', d,
                                                                    [(s, 80.0 + s + k, {41: 60.0 + s + k, 51: 50.0 + s})
                                                                     for s in range(3)])
@@ -1096,10 +1091,8 @@ def test_retest_and_length_tables_where_some_runs_keep_no_per_length_figures():
     columns, cfg = [('alibi', 'none'), ('alibi', 'v1')], _cfg(seeds='0,1,2', learning_rate=1e-3)
     for a, b in ((with_lengths, without), (without, with_lengths)):
         table = C.retest_tables(a, b, ['bucket_sort'], columns, cfg)
-        assert table.endswith('4 of 4 conclusions hold under both.'), table[-300:]
-    row = _row(C.retest_tables(with_lengths, without, ['bucket_sort'], columns, cfg),
-               '| bucket_sort | DAPE-ALiBi vs ALiBi | OOD at each of 2 lengths |')
-    assert row[4:] == ['n/a: no per-length figures', 'n/a']
+        assert table.endswith('of the 3 with a test under both, 2 kept their sign, 0 had opposite or mixed signs and '
+                              '1 were exact ties under one side or both.'), table[-300:]
     # seeds 3 and 4: older records, no per-length figures
     mixed = {}
     for key, c in with_lengths.items():
@@ -1117,8 +1110,8 @@ def test_pearson_and_the_side_ahead_ignore_rounding():
     assert results.pearson([1, 2, 3], [2, 4, 7]) == pytest.approx(0.9933992677987827)
     a = [49.73, 11.0, 52.79, 51.56, 0.79]
     c = results.compare_means(a, [51.56, 0.79, 49.73, 52.79, 11.0], bounds=(0, 100))
-    assert c['diff'] == 0.0 and results.verdict(c) == 'level'
-    assert results.verdict(results.compare_means(a, [v - 0.01 for v in a], bounds=(0, 100))) == 'ahead'
+    assert c['diff'] == 0.0 and results.direction([c]) == (None, '0')
+    assert results.direction([results.compare_means(a, [v - 0.01 for v in a], bounds=(0, 100))])[1] == '+'
 
 
 def _fake_cell_run(cfg, log=print, command='unknown'):

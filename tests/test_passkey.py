@@ -790,13 +790,14 @@ def test_merge_runs_of_unknown_seed_and_their_record(tmp_path):
 
 def test_retest_pairs_the_same_runs_under_two_roundings(tmp_path):
     """--tables_from with --rounding_from: the same runs (setting and seed, whatever their labels and order) under two
-    roundings. Per model, how many seeds learned under each and how many changed sides (kerple's seed 2 learns under
-    the first only, its seed 4 under the second only: the counts agree, two runs changed sides), Pearson's r and the
-    mean move of the exact match and the log-likelihood over every seed and length; per run, both side by side; and
-    every comparison of the published table under each rounding, Holm over that rounding's own table (DAPE-Kerple
-    is ahead at 512 under the first, behind under the second; at 256 ahead under both, in log-likelihood significantly
-    under the first only), and the share of seeds that learned, with whether each conclusion holds under both. A
-    model in one file only (rope) does not count. The expected figures are computed here from the runs, apart."""
+    roundings. Per model, Pearson's r and the mean change of each run's exact match (the mean over the lengths), how
+    many seeds learned under each and how many changed sides (kerple's seed 2 learns under the first only, its seed
+    4 under the second only: the counts agree, two runs changed sides); per run, both side by side; and each
+    comparison over every seed once, Holm over each rounding's own table: DAPE-Kerple's exact match is ahead at every
+    length under the first and behind at 512 under the second, significant under neither (no conclusion, mixed
+    signs); its log-likelihood significantly ahead at 256 under the first only (a conclusion that fails); the share
+    of seeds that learned, 5 of 5 against 4 of 5 under both (same sign, not significant). A model in one file only
+    (rope) does not count. The expected figures are computed here from the runs, apart."""
     import results
     lens = RETEST_PROTOCOL['lengths']
     a = {**{('kerple', s): v for s, v in zip(range(1, 6), [[1.0, 0.2, 0.1], [0.9, 0.1, 0.0], [1.0, 0.3, 0.1],
@@ -812,28 +813,25 @@ def test_retest_pairs_the_same_runs_under_two_roundings(tmp_path):
     # other labels, and the runs in another order: a run's retest is the same setting and seed, not label or place
     path_b = _retest_file(tmp_path / 'b.json', dict(reversed(list(b.items()))), 'DEFAULT', suffix='_default')
     table = EP.main([f'--tables_from={path_a}', f'--rounding_from={path_b}'])
-    lines = table.splitlines()
-    assert lines[0].startswith('| model | seeds | learned, AVX512 | learned, DEFAULT | changed sides |')
+    moved, per_run, compared, caption = table.split('\n\n')
+    assert moved.splitlines()[0] == '| model | runs | r | mean change | learned, AVX512 | learned, DEFAULT | changed sides |'
     learned = {k: {key: v[0] >= 0.5 for key, v in runs.items()} for k, runs in (('a', a), ('b', b))}
-    logp = lambda acc, seed, suffix: -2.3 * (1 - acc) - 0.01 * seed * (1 + len(suffix))
+    figure = lambda runs, keys: np.array([100 * np.mean(runs[k]) for k in keys])
     for setting, flips in (('kerple', 2), ('dape-kerple', 0)):
-        row = _cells(table, f"| {setting} | 1,2,3,4,5 |")
         keys = [(setting, s) for s in range(1, 6)]
-        assert row[2:5] == [results.k_of_n_text(sum(learned['a'][k] for k in keys), 5),
-                            results.k_of_n_text(sum(learned['b'][k] for k in keys), 5), str(flips)]
-        xs, ys = np.array([a[k] for k in keys]).ravel(), np.array([b[k] for k in keys]).ravel()
-        assert row[5:7] == [f"{np.corrcoef(xs, ys)[0, 1]:+.2f}", f"{np.mean(np.abs(100 * xs - 100 * ys)):.1f}"]
-        lx = np.array([logp(v, s, '') for (_, s) in keys for v in a[(setting, s)]])
-        ly = np.array([logp(v, s, '_default') for (_, s) in keys for v in b[(setting, s)]])
-        assert row[7:9] == [f"{np.corrcoef(lx, ly)[0, 1]:+.2f}", f"{np.mean(np.abs(lx - ly)):.3f}"]
-    assert _cells(table, '| kerple | 1,2,3,4,5 |')[2] == results.k_of_n_text(4, 5)  # the same count, two runs moved
+        xs, ys = figure(a, keys), figure(b, keys)
+        assert _cells(moved, f"| {setting} |")[1:] == [
+            '5', f"{np.corrcoef(xs, ys)[0, 1]:+.2f}", f"{np.mean(np.abs(xs - ys)):.1f}",
+            results.k_of_n_text(sum(learned['a'][k] for k in keys), 5),
+            results.k_of_n_text(sum(learned['b'][k] for k in keys), 5), str(flips)]
+    assert _cells(moved, '| kerple |')[4] == results.k_of_n_text(4, 5)  # the same count, two runs moved
     every = [k for k in a if k in b]
-    xs, ys = np.array([a[k] for k in every]).ravel(), np.array([b[k] for k in every]).ravel()
-    assert _cells(table, '| all | 10 runs |')[4:6] == ['2', f"{np.corrcoef(xs, ys)[0, 1]:+.2f}"]
-    assert not any(x.startswith('| rope |') for x in lines)  # in the first file only: not counted
-    assert _cells(table, '| kerple | 2 |') == ['kerple', '2', 'yes / no', '90% / 40%', '0% / 20% (L=512)',
-                                              f"{logp(0.0, 2, ''):.3f} / {logp(0.2, 2, '_default'):.3f} (L=512)"]
-    assert _cells(table, '| kerple | 4 |')[2] == 'no / yes'
+    assert _cells(moved, '| all |')[1:3] == ['10', f"{np.corrcoef(figure(a, every), figure(b, every))[0, 1]:+.2f}"]
+    assert _cells(moved, '| all |')[6] == '2'
+    assert 'rope' not in moved + per_run  # in the first file only: not counted
+    assert _cells(per_run, '| kerple | 2 |') == ['kerple', '2', f"{100 * np.mean(a[('kerple', 2)]):.1f} / "
+                                                                f"{100 * np.mean(b[('kerple', 2)]):.1f}", 'yes / no']
+    assert _cells(per_run, '| kerple | 4 |')[3] == 'no / yes'
 
     def verdicts(runs, flags, bounds=(0, 1)):
         """Each rounding's own table of one measure: DAPE-Kerple minus Kerple over the learned seeds and over all,
@@ -852,48 +850,33 @@ def test_retest_pairs_the_same_runs_under_two_roundings(tmp_path):
         return {k: ('ahead' if c['diff'] > 0 else 'behind' if c['diff'] < 0 else 'level')
                 + ('*' if holm[k] < results.ALPHA else '') for k, c in tests.items() if k in holm}
 
+    logp = lambda acc, seed, suffix: -2.3 * (1 - acc) - 0.01 * seed * (1 + len(suffix))
     va, vb = verdicts(a, learned['a']), verdicts(b, learned['b'])
-    # at 512 ahead under the first, behind under the second
-    assert (va[('all', 256)], vb[('all', 256)], va[('all', 512)], vb[('all', 512)]) == ('ahead', 'ahead', 'ahead', 'behind')
-    count = lambda v, which: (f"ahead at {sum(v[(which, L)].startswith('ahead') for L in lens)}, significantly at "
-                              f"{sum(v[(which, L)] == 'ahead*' for L in lens)}; behind significantly at "
-                              f"{sum(v[(which, L)] == 'behind*' for L in lens)}")
-    # the continuous measure's comparisons too, in a table (and a Holm adjustment) of their own
-    la = {k: [logp(v, k[1], '') for v in vs] for k, vs in a.items()}
-    lb = {k: [logp(v, k[1], '_default') for v in vs] for k, vs in b.items()}
-    la_v, lb_v = verdicts(la, learned['a'], bounds=None), verdicts(lb, learned['b'], bounds=None)
-    # at 256 ahead under both, significantly under the first only (exact match's table, with one test more, is not)
-    assert (la_v[('all', 256)], lb_v[('all', 256)]) == ('ahead*', 'ahead')
-    held, total = {'learned': 0, 'all': 0}, {'learned': 0, 'all': 0}
-    for measure, (x, y) in (('exact match', (va, vb)), ('log-likelihood per answer token', (la_v, lb_v))):
-        for which in ('learned', 'all'):
-            tested = [L for L in lens if (which, L) in x and (which, L) in y]
-            other = [L for L in tested if x[(which, L)] != y[(which, L)]]
-            held[which], total[which] = held[which] + len(tested) - len(other), total[which] + len(tested)
-            assert _cells(table, f"| dape-kerple - kerple | {measure} | {which} |")[3:] == [
-                count(x, which), count(y, which),
-                f"at {len(tested) - len(other)} of {len(tested)}" + (f"; not at L={','.join(map(str, other))}" if other else '')]
-    assert _cells(table, '| dape-kerple - kerple | exact match | all |')[5].endswith('; not at L=512')
-    assert _cells(table, '| dape-kerple - kerple | log-likelihood per answer token | all |')[5].endswith('; not at L=256,512')
+    la = verdicts({k: [logp(v, k[1], '') for v in vs] for k, vs in a.items()}, learned['a'], bounds=None)
+    lb = verdicts({k: [logp(v, k[1], '_default') for v in vs] for k, vs in b.items()}, learned['b'], bounds=None)
+    every_seed = lambda v: [v[('all', L)] for L in lens]
+    assert every_seed(va) == ['ahead'] * 3 and every_seed(vb) == ['ahead', 'ahead', 'behind']
+    assert every_seed(la)[1] == 'ahead*' and not any('*' in x for x in every_seed(lb))
+    assert _cells(compared, '| dape-kerple vs kerple | exact match')[4] == 'opposite or mixed sign, not significant'
+    assert _cells(compared, '| dape-kerple vs kerple | exact match')[2].startswith('higher at 3, lower at 0 of 3;')
+    assert _cells(compared, '| dape-kerple vs kerple | exact match')[3].startswith('higher at 2, lower at 1 of 3;')
+    assert _cells(compared, '| dape-kerple vs kerple | log-likelihood')[4] == 'fails'
     # the share of seeds that learned: 5 of 5 against 4 of 5 under both (kerple's seeds 2 and 4 swapped sides)
     assert (va[('share', None)], vb[('share', None)]) == ('ahead', 'ahead')
-    p = lambda v: results.p_text(results.compare_means([1.0] * 5, [1.0, 1.0, 1.0, 0.0, 1.0], bounds=(0, 1))['p_exact'])
-    assert _cells(table, '| dape-kerple - kerple | 5 of 5 vs 4 of 5') == [
-        'dape-kerple - kerple', f"5 of 5 vs 4 of 5: ahead, exact {p(va)}, Holm 1", f"5 of 5 vs 4 of 5: ahead, exact {p(vb)}, Holm 1",
-        'yes']
-    held['all'], total['all'] = held['all'] + 1, total['all'] + 1
-    assert held['all'] < total['all'] and lines[-1].endswith(
-        f" {held['all'] + held['learned']} of {total['all'] + total['learned']} conclusions hold under both: "
-        f"{held['all']} of {total['all']} over every seed (the shares of seeds that learned among them), "
-        f"{held['learned']} of {total['learned']} over the seeds that learned, which the rounding chooses.")
-    assert "seeds 1,2,3,4,5" in lines[-1] and "ATen's AVX512 kernels and its DEFAULT kernels" in lines[-1]
+    assert _cells(compared, '| dape-kerple vs kerple | share of seeds that learned |')[2:] == [
+        '5 of 5 vs 4 of 5, Holm p 1', '5 of 5 vs 4 of 5, Holm p 1', 'same sign, not significant']
+    assert len(compared.splitlines()) == 2 + 3  # each comparison once, however many lengths
+    assert caption.endswith("Of the 3 comparisons, 1 were conclusions under the first side, of which 0 hold under the "
+                            "second and 1 do not; 0 were conclusions under the second only; of the rest, 1 kept their "
+                            "sign, 1 had opposite or mixed signs and 0 were exact ties under one side or both.")
+    assert "seeds 1,2,3,4,5" in caption and "ATen's AVX512 kernels and its DEFAULT kernels" in caption
 
 
 def test_retest_of_the_share_of_seeds_that_learned(tmp_path):
-    """The share of seeds that learned is a conclusion of its own under each rounding: DAPE-Kerple 0 of 6 against
+    """The share of seeds that learned is a comparison of its own under each rounding: DAPE-Kerple 0 of 6 against
     Kerple's 6 of 6 is behind, significantly (exact p 0.0022, Holm 0.0087 over the table's 4 tests: every seed at
     each length, and the share; none learned, so nothing over the learned seeds), under the first; 2 of 6 against 6 of
-    6 under the second is behind but not significantly: it does not hold."""
+    6 under the second is behind but not significantly: a conclusion that fails."""
     import results
     kerple = {('kerple', s): [1.0, 0.5, 0.2] for s in range(6)}
     a = {**kerple, **{('dape-kerple', s): [0.0, 0.0, 0.0] for s in range(6)}}
@@ -902,11 +885,9 @@ def test_retest_of_the_share_of_seeds_that_learned(tmp_path):
                      f"--rounding_from={_retest_file(tmp_path / 'b.json', b, 'DEFAULT', suffix='_default')}"])
     p = lambda k: results.compare_means([1.0] * k + [0.0] * (6 - k), [1.0] * 6, bounds=(0, 1))['p_exact']
     assert p(0) == pytest.approx(2 / math.comb(12, 6))
-    cells = _cells(table, '| dape-kerple - kerple | 0 of 6')
-    assert cells[1] == f"0 of 6 vs 6 of 6: behind*, exact 0.0022, Holm {results.p_text(4 * p(0))}" and cells[3] == 'no'
-    assert cells[2].startswith(f"2 of 6 vs 6 of 6: behind, exact {results.p_text(p(2))}, Holm ")
-    assert table.endswith(" over every seed (the shares of seeds that learned among them), none over the seeds that "
-                          "learned (too few for a test under both).")
+    cells = _cells(table, '| dape-kerple vs kerple | share of seeds that learned |')
+    assert cells[2] == f"0 of 6 vs 6 of 6, Holm p {results.p_text(4 * p(0))}" and cells[4] == 'fails'
+    assert cells[3].startswith("2 of 6 vs 6 of 6, Holm p ")
 
 
 def test_retest_names_the_machines_its_runs_were_trained_on(tmp_path):
@@ -940,28 +921,21 @@ def test_retest_names_the_machines_its_runs_were_trained_on(tmp_path):
     assert results.cpu_of('NVIDIA H200, torch 2.13.0') == 'NVIDIA H200' and results.cpu_of(None) is None
 
 
-def test_retest_counts_the_conclusions_over_every_seed_apart(tmp_path):
-    """The caption counts the conclusions over every seed (the share of seeds that learned among them) apart from
-    those over the seeds that learned, each the sum of its rows' 'at k of n' (the share's 'yes'). Here they differ:
-    DAPE-Kerple's seeds 0-3 learn alike under both roundings, its seeds 4 and 5 fail under both, at 0% under the
-    first and 30% under the second, which moves the comparisons over every seed only."""
+def test_retest_counts_each_comparison_once_over_every_seed(tmp_path):
+    """Each comparison counts once, over every seed, however many lengths: DAPE-Kerple against Kerple in exact match,
+    in log-likelihood and in the share of seeds that learned, three rows and three counts; the comparisons over the
+    seeds that learned (DAPE-Kerple's seeds 4 and 5 fail under both, at 0% under the first and 30% under the second)
+    are left out."""
     kerple = {('kerple', s): [1.0, 0.5, 0.2] for s in range(6)}
     learned = {('dape-kerple', s): [1.0, 0.6 + 0.01 * s, 0.3] for s in range(4)}
     a = {**kerple, **learned, **{('dape-kerple', s): [0.0, 0.0, 0.0] for s in (4, 5)}}
     b = {**kerple, **learned, **{('dape-kerple', s): [0.3, 0.6, 0.3] for s in (4, 5)}}
     table = EP.main([f"--tables_from={_retest_file(tmp_path / 'a.json', a, 'AVX512')}",
                      f"--rounding_from={_retest_file(tmp_path / 'b.json', b, 'DEFAULT', suffix='_default')}"])
-    held, total = {'learned': 0, 'all': 0}, {'learned': 0, 'all': 0}
-    for measure in ('exact match', 'log-likelihood per answer token'):
-        for which in ('learned', 'all'):
-            k, n = map(int, re.match(r"at (\d+) of (\d+)",
-                                     _cells(table, f"| dape-kerple - kerple | {measure} | {which} |")[5]).groups())
-            held[which], total[which] = held[which] + k, total[which] + n
-    share = _cells(table, '| dape-kerple - kerple | 4 of 6 vs 6 of 6')[3]
-    held['all'], total['all'] = held['all'] + (share == 'yes'), total['all'] + 1
-    assert (held, total) == ({'learned': 4, 'all': 3}, {'learned': 6, 'all': 7})
-    assert table.endswith(" 7 of 13 conclusions hold under both: 3 of 7 over every seed (the shares of seeds that "
-                          "learned among them), 4 of 6 over the seeds that learned, which the rounding chooses.")
+    compared, caption = table.split('\n\n')[2:]
+    assert [_cells(line, '|')[1] for line in compared.splitlines()[2:]] == [
+        'exact match, every seed', 'share of seeds that learned', 'log-likelihood per answer token, every seed']
+    assert re.search(r"(Of the 3 comparisons|of the 3 with a test under both)", caption), caption
 
 
 def test_figure_draws_the_tables_over_seeds_a_column_per_rounding(tmp_path):

@@ -396,23 +396,14 @@ def test_mean_ci_and_its_text_against_scipy():
 
 
 def test_retest_helpers():
-    """kernels_of reads the kernels from machine texts; pearson is numpy's r, None where it is undefined;
-    a conclusion is its direction with '*' where Holm's exact p is below 0.05, and it holds where both
-    roundings give the same one (None without a test)."""
+    """kernels_of reads the kernels from machine texts; pearson is numpy's r, None where it is undefined; a run
+    without a verdict under one rounding has not changed sides."""
     assert results.kernels_of(['AMD EPYC, AVX512 kernels, torch 2', 'AMD EPYC, AVX512 kernels, torch 2']) == 'AVX512'
     assert results.kernels_of(['x, DEFAULT kernels, t', 'x, AVX2 kernels, t']) == 'AVX2, DEFAULT'
     assert results.kernels_of(['unknown', None]) == 'unknown'
     x, y = [1.0, 2.0, 4.0, 3.0], [2.0, 2.5, 5.0, 2.0]
     assert results.pearson(x, y) == pytest.approx(np.corrcoef(x, y)[0, 1])
     assert results.pearson([1.0, 2.0], [2.0, 1.0]) is None and results.pearson([1.0, 1.0, 1.0], [1.0, 2.0, 3.0]) is None
-    a = results.compare_means([10.0, 11.0, 12.0, 13.0, 14.0], [0.0, 1.0, 2.0, 3.0, 4.0])
-    b = results.compare_means([10.0, 11.0, 12.0, 13.0, 14.0], [9.0, 12.0, 10.0, 14.0, 11.0])
-    results.holm_over([a]), results.holm_over([b])
-    assert (results.verdict(a), results.verdict(b)) == ('ahead*', 'ahead')  # exact p 0.0079 against 0.69
-    assert results.holds(a, dict(a)) is True and results.holds(a, b) is False
-    none = results.compare_means([1.0], [2.0])
-    assert results.verdict(none) == none['status'] and results.holds(a, none) is None
-    # a run without a verdict under one rounding (no figure at its training length) has not changed sides
     assert results.changed_sides([None, True, False, True], [True, True, True, None]) == 1
 
 
@@ -453,22 +444,62 @@ def test_retest_sides_says_what_differs_between_the_two_trainings():
                         "unknown: not recorded)")
 
 
-def test_verdict_counts_and_where_conclusions_hold():
-    """One pair's comparisons summed up in words, and the keys where both roundings say the same; keys without a
-    test under both are left out of the count."""
-    a = results.compare_means([10.0, 11.0, 12.0, 13.0, 14.0], [0.0, 1.0, 2.0, 3.0, 4.0])
-    b = results.compare_means([10.0, 11.0, 12.0, 13.0, 14.0], [9.0, 12.0, 10.0, 14.0, 11.0])
-    c = results.compare_means([0.0, 1.0, 2.0, 3.0, 4.0], [10.0, 11.0, 12.0, 13.0, 14.0])
-    none = results.compare_means([1.0], [2.0])
-    for x in (a, b, c):
-        results.holm_over([x])
-    assert results.verdict_counts([a, b, c, none]) == 'ahead at 2, significantly at 1; behind significantly at 1'
-    level = results.compare_means([1.0, 2.0, 3.0], [3.0, 2.0, 1.0])  # a difference of exactly 0: neither side
-    assert level['status'] == 'ok' and level['diff'] == 0
-    assert results.verdict_counts([a, level]) == 'ahead at 1, significantly at 1; behind significantly at 0'
-    ca, cb = {41: a, 51: b, 61: none, 71: c}, {41: a, 51: a, 61: a, 71: c}
-    assert results.holds_at(ca, cb, [41, 51, 61, 71], 'N') == ('at 2 of 3; not at N=51', 2, 3)
-    assert results.holds_at({41: none}, {41: a}, [41], 'L') == ('n/a', 0, 0)
+def _tested(a, b):
+    """compare_means of accuracies a against b with its Holm p (a family of its own)."""
+    c = results.compare_means(a, b, bounds=(0.0, 100.0))
+    results.holm_over([c])
+    return c
+
+
+def test_retest_classes_each_comparison_once():
+    """A comparison is a conclusion where a test's Holm p is below 0.05; it holds where the second side draws the
+    same. An exact tie (100.0 against 100.0) is not counted as holding, nor is a same-signed difference that is
+    not significant a conclusion. A comparison made at several lengths counts once, however many lengths hold."""
+    low, high = [0.0, 1.0, 2.0, 3.0, 4.0], [10.0, 11.0, 12.0, 13.0, 14.0]
+    ahead = _tested(high, low)                           # exact p 0.0079: a conclusion
+    behind = _tested(low, high)
+    weak = _tested(high, [9.0, 12.0, 10.0, 14.0, 11.0])  # +0.8, exact p 0.69: not one
+    tie = _tested([100.0] * 3, [100.0] * 3)
+    assert (results.direction([ahead]), results.direction([weak]), results.direction([tie])) == \
+        (('+', '+'), (None, '+'), (None, '0'))
+    assert results.retest_class([ahead], [ahead]) == 'holds' and results.retest_class([ahead], [weak]) == 'fails'
+    assert results.retest_class([weak], [ahead]) == 'second'
+    assert results.retest_class([weak], [dict(weak)]) == 'same'  # same sign, not significant: not a conclusion
+    assert results.retest_class([tie], [tie]) == 'tie' and results.retest_class([tie], [weak]) == 'tie'
+    assert results.retest_class([weak], [_tested(low, [9.0, 1.0, 2.0, 3.0, 4.0])]) == 'opposite'
+    assert results.retest_class([ahead], [results.compare_means([1.0], [2.0])]) == 'n/a'
+    # at several lengths: one class for the comparison; significant at some length in one direction is a conclusion
+    assert results.retest_class([ahead, weak, tie], [weak, ahead, weak]) == 'holds'
+    assert results.retest_class([ahead, behind], [ahead, weak]) == 'fails'  # both directions: '+-', not '+'
+    assert results.retest_class([weak, tie], [weak, weak]) == 'same'  # a tie at one length of several is no tie
+    text = results.retest(('A', 'B', 'twice'), [], [('x vs y', 'm', [ahead, weak, weak], [ahead, ahead, weak]),
+                                                    ('z vs y', 'm', [tie], [tie])], 'f', 'r')
+    assert text.endswith("Of the 2 comparisons, 1 were conclusions under the first side, of which 1 hold under the "
+                         "second and 0 do not; 0 were conclusions under the second only; of the rest, 0 kept their "
+                         "sign, 0 had opposite or mixed signs and 1 were exact ties under one side or both.")
+    assert results.retest_counts(['same', 'same', 'tie', 'n/a']) == (
+        "No comparison was a conclusion under either side: of the 3 with a test under both, 2 kept their sign, 0 had "
+        "opposite or mixed signs and 1 were exact ties under one side or both; 1 had no test under one side.")
+
+
+def test_retest_reproducibility_figures():
+    """The retest's first table, per group and over all runs: Pearson's r of the runs' figures across the two
+    sides, their mean absolute change, the runs learned under each side and those that changed sides."""
+    runs = [('g', 0, 10.0, 12.0, True, True), ('g', 1, 20.0, 19.0, True, False), ('g', 2, 30.0, 36.0, False, False),
+            ('h', 0, 50.0, 50.0, False, True)]
+    text = results.retest(('A', 'B', 'twice'), runs, [], 'f', 'r')
+    moved, per_run = text.split('\n\n')[:2]
+    rows = {line.split(' | ')[0]: line.split(' | ')[1:] for line in moved.splitlines()}
+    r = np.corrcoef([10.0, 20.0, 30.0], [12.0, 19.0, 36.0])[0, 1]  # 0.968
+    assert rows['| g'] == ['3', f"{r:+.2f}", '3.0', results.k_of_n_text(2, 3), results.k_of_n_text(1, 3), '1 |']
+    r_all = np.corrcoef([10.0, 20.0, 30.0, 50.0], [12.0, 19.0, 36.0, 50.0])[0, 1]
+    assert rows['| all'] == ['4', f"{r_all:+.2f}", '2.2', results.k_of_n_text(2, 4), results.k_of_n_text(2, 4), '2 |']
+    assert rows['| h'][:2] == ['1', 'n/a']  # one run: no correlation
+    assert '| g | 1 | 20.0 / 19.0 | yes / no |' in per_run.splitlines()
+    unjudged = results.retest(('A', 'B', 'twice'), [('g', 0, 1.0, 2.0, None, None)], [], 'f', 'r')
+    assert '| g | 1 | n/a | 1.0 |' in unjudged and 'learned' not in unjudged  # runs not judged: no such column
+    half = results.retest(('A', 'B', 'twice'), [('g', 0, 1.0, 2.0, True, None)], [], 'f', 'r')
+    assert f"| g | 1 | n/a | 1.0 | {results.k_of_n_text(1, 1)} | n/a | n/a |" in half  # one not judged: none changed, not 0
 
 
 def test_dape_pairs_sets_each_departure_against_the_same_dape_without_it():
