@@ -466,12 +466,14 @@ def test_retest_classes_each_comparison_once():
     assert results.retest_class([weak], [ahead]) == 'second'
     assert results.retest_class([weak], [dict(weak)]) == 'same'  # same sign, not significant: not a conclusion
     assert results.retest_class([tie], [tie]) == 'tie' and results.retest_class([tie], [weak]) == 'tie'
-    assert results.retest_class([weak], [_tested(low, [9.0, 1.0, 2.0, 3.0, 4.0])]) == 'opposite'
+    weak_behind = _tested(low, [9.0, 1.0, 2.0, 3.0, 4.0])  # -1.8, not significant
+    assert results.retest_class([weak], [weak_behind]) == 'opposite'
     assert results.retest_class([ahead], [results.compare_means([1.0], [2.0])]) == 'n/a'
     # at several lengths: one class for the comparison; significant at some length in one direction is a conclusion
     assert results.retest_class([ahead, weak, tie], [weak, ahead, weak]) == 'holds'
     assert results.retest_class([ahead, behind], [ahead, weak]) == 'fails'  # both directions: '+-', not '+'
     assert results.retest_class([weak, tie], [weak, weak]) == 'same'  # a tie at one length of several is no tie
+    assert results.retest_class([weak, weak_behind], [weak, weak]) == 'opposite'  # mixed signs are not the same
     text = results.retest(('A', 'B', 'twice'), [], [('x vs y', 'm', [ahead, weak, weak], [ahead, ahead, weak]),
                                                     ('z vs y', 'm', [tie], [tie])], 'f', 'r')
     assert text.endswith("Of the 2 comparisons, 1 were conclusions under the first side, of which 1 hold under the "
@@ -485,17 +487,17 @@ def test_retest_classes_each_comparison_once():
 def test_retest_reproducibility_figures():
     """The retest's first table, per group and over all runs: Pearson's r of the runs' figures across the two
     sides, their mean absolute change, the runs learned under each side and those that changed sides."""
-    runs = [('g', 0, 10.0, 12.0, True, True), ('g', 1, 20.0, 19.0, True, False), ('g', 2, 30.0, 36.0, False, False),
+    runs = [('g', 0, 10.0, 12.0, True, True), ('g', 1, 20.0, 36.0, True, False), ('g', 2, 30.0, 19.0, False, False),
             ('h', 0, 50.0, 50.0, False, True)]
     text = results.retest(('A', 'B', 'twice'), runs, [], 'f', 'r')
     moved, per_run = text.split('\n\n')[:2]
     rows = {line.split(' | ')[0]: line.split(' | ')[1:] for line in moved.splitlines()}
-    r = np.corrcoef([10.0, 20.0, 30.0], [12.0, 19.0, 36.0])[0, 1]  # 0.968
-    assert rows['| g'] == ['3', f"{r:+.2f}", '3.0', results.k_of_n_text(2, 3), results.k_of_n_text(1, 3), '1 |']
-    r_all = np.corrcoef([10.0, 20.0, 30.0, 50.0], [12.0, 19.0, 36.0, 50.0])[0, 1]
-    assert rows['| all'] == ['4', f"{r_all:+.2f}", '2.2', results.k_of_n_text(2, 4), results.k_of_n_text(2, 4), '2 |']
+    r = np.corrcoef([10.0, 20.0, 30.0], [12.0, 36.0, 19.0])[0, 1]  # +0.24, each run with its own retest
+    assert rows['| g'] == ['3', f"{r:+.2f}", '9.7', results.k_of_n_text(2, 3), results.k_of_n_text(1, 3), '1 |']
+    r_all = np.corrcoef([10.0, 20.0, 30.0, 50.0], [12.0, 36.0, 19.0, 50.0])[0, 1]
+    assert rows['| all'] == ['4', f"{r_all:+.2f}", '7.2', results.k_of_n_text(2, 4), results.k_of_n_text(2, 4), '2 |']
     assert rows['| h'][:2] == ['1', 'n/a']  # one run: no correlation
-    assert '| g | 1 | 20.0 / 19.0 | yes / no |' in per_run.splitlines()
+    assert '| g | 1 | 20.0 / 36.0 | yes / no |' in per_run.splitlines()
     unjudged = results.retest(('A', 'B', 'twice'), [('g', 0, 1.0, 2.0, None, None)], [], 'f', 'r')
     assert '| g | 1 | n/a | 1.0 |' in unjudged and 'learned' not in unjudged  # runs not judged: no such column
     half = results.retest(('A', 'B', 'twice'), [('g', 0, 1.0, 2.0, True, None)], [], 'f', 'r')
