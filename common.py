@@ -107,7 +107,8 @@ def unwrapped(state):
     for k, v in state.items():
         for prefix in ('_orig_mod.', 'module.'):
             k = k[len(prefix):] if k.startswith(prefix) else k
-        out[k] = v
+        # log-length scaling's learned s, attention's own parameter until it moved into normalisation.py
+        out[k.replace('.attn.logn_s', '.attn.normalisation.logn_s')] = v
     return out
 
 

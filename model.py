@@ -11,18 +11,15 @@ Attention, for one layer, with A = q.k/sqrt(hs) and `bias` the encoding's positi
     logits = A + bias + f(A, bias)       (DAPE; f and its variants in dape.py)
     logits = s log(n_i) logits           (logn_scale: query i sees n_i keys; SSMax, Nakanishi 2025)
     y = softmax(mask(logits)) . v        (attn=softmax)
-    y = stick_breaking(logits) . v       (attn=stickbreaking, Tan et al. 2025: stick_breaking below)
+    y = stick_breaking(logits) . v       (attn=stickbreaking, Tan et al. 2025; these three: normalisation.py)
 
-It is computed in blocks of queries when the [batch, channel, query, key] maps would be large, which
-gives exactly the same result (every step is local to one query row) with memory bounded by the block:
-this is what lets a small model be evaluated at 8192 tokens on a CPU. Where no DAPE and no
-content-dependent term is involved, softmax attention goes through F.scaled_dot_product_attention
-with the bias as a float mask (log-length scaling folded into q and the bias), which computes the same
-function faster. With DAPE, dape_paths.py picks the code:
-dape.py's plain form, or a faster one that has matched it on that kind of call.
+It is computed in blocks of queries when the [B, H, Tq, Tk] maps would be large: the same result (every
+step is local to one query row) in memory bounded by the block, which lets a small model be evaluated at
+8192 tokens on a CPU. Without DAPE or a content-dependent term, softmax attention goes through
+F.scaled_dot_product_attention with the bias as a float mask, the same function faster. With DAPE,
+dape_paths.py picks the code (dape.py's first screen says which runs).
 """
 
-import inspect
 import math
 from dataclasses import dataclass
 
@@ -33,6 +30,7 @@ from einops import rearrange
 
 import dape
 import dape_paths
+import normalisation
 from dape import INITS, VARIANTS
 from positional import ENCODINGS, as_map, real
 
@@ -48,9 +46,6 @@ ATTN_BLOCK_BUDGET = 2 ** 26
 # are each a pass over such maps, and passes within the last-level cache are several times faster than
 # through memory (figures in docs/benchmark.md).
 ATTN_BLOCK_CACHE_CPU = 2 ** 21
-
-ATTNS = ("softmax", "stickbreaking")
-LOGN_SCALES = ("none", "fixed", "learned")
 
 
 @dataclass
@@ -133,58 +128,7 @@ class GPTConfig:
             fail(f"fire_L0 has no effect with pos={self.pos!r}; it is FIRE's threshold")
         if self.attn_chunk < 0:
             fail(f"attn_chunk must be >= 0 (0: automatic), got {self.attn_chunk}")
-        if self.attn not in ATTNS:
-            fail(f"unknown attn={self.attn!r}; choose one of {', '.join(ATTNS)}")
-        if self.attn == "stickbreaking" and not self.causal:
-            fail("attn=stickbreaking is defined for causal attention only (the stick breaks from the query back "
-                 "to the first key); use causal=True or attn=softmax")
-        if self.sb_current and self.attn != "stickbreaking":
-            fail(f"sb_current has no effect with attn={self.attn!r}; it is stick-breaking's (attn=stickbreaking)")
-        if self.logn_scale not in LOGN_SCALES:
-            fail(f"unknown logn_scale={self.logn_scale!r}; choose one of {', '.join(LOGN_SCALES)}")
-
-
-class LayerNorm(nn.Module):
-    """LayerNorm with an optional bias (PyTorch's has no bias=False before 2.1's elementwise flag)."""
-
-    def __init__(self, ndim, bias):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(ndim))
-        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
-
-    def forward(self, x):
-        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
-
-
-def stick_breaking(logits, future, current=False):
-    """Stick-breaking attention's weights (Tan et al., ICLR 2025) from the logits z [B, H, R, Tk] of R queries
-    (anything, -inf included, where `future` [R, Tk] is True: keys after the query; the keys are the
-    sequence's 0..Tk-1). Query i breaks a stick of length 1 from its nearest visible key back to the first:
-    key j takes the share beta_ij = sigmoid(z_ij) of what is left of the stick when it gets there,
-
-        weight_ij = beta_ij * prod over visible l > j of (1 - beta_il),
-
-    the visible keys being j < i, or j <= i with `current` (flash-linear-attention's attend_current).
-    Returns (weight [B, H, R, Tk], rem [B, H, R]): rem_i = prod over visible l of (1 - beta_il) is the stick
-    left over, 1 - sum_j weight_ij. In log space, float32 (float64 for float64 logits), as
-    flash-linear-attention's naive_stickbreaking_attn: log(1 - sigmoid(z)) = logsigmoid(-z), and the product
-    over the keys after j a reverse cumulative sum."""
-    # without the current key: j >= i exactly where key j + 1 is in the future (and the last key, as i < Tk)
-    hidden = future if current else F.pad(future[:, 1:], (0, 1), value=True)
-    z = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    log_keep = F.logsigmoid(-z).masked_fill(hidden, 0.0)  # log(1 - beta); a hidden key leaves the stick whole
-    # log of the stick that reaches key j: the keys after it, as a sum from the last key back, less j's own term
-    reaches = log_keep.flip(-1).cumsum(-1).flip(-1) - log_keep
-    weights = (F.logsigmoid(z) + reaches).exp().masked_fill(hidden, 0.0)
-    return weights, log_keep.sum(-1).exp()
-
-
-def normalisation(config):
-    """What takes the place of softmax(logits) in config's attention, in words; None: softmax alone (DAPE's
-    fused kernel computes nothing else, dape_paths.py)."""
-    parts = (["stick-breaking attention"] if config.attn == "stickbreaking" else []) + \
-        (["log-length scaling of the logits"] if config.logn_scale != "none" else [])
-    return " with ".join(parts) or None
+        normalisation.check(self, fail)
 
 
 class SelfAttention(nn.Module):
@@ -208,16 +152,7 @@ class SelfAttention(nn.Module):
                                     has_bias, config.dape_init)
         else:
             self.dape = None
-        self.stickbreaking, self.sb_current = config.attn == "stickbreaking", config.sb_current
-        self.normalisation = normalisation(config)
-        # log-length scaling's s per head (SSMax's s), learned or fixed; s_h log(n) = 1 at the last query of the
-        # training length, so that the logits there are as without scaling
-        n = self.keys_seen(torch.tensor([config.block_size - 1]), config.block_size).clamp(min=2)
-        s = torch.full((config.n_head,), 1.0 / math.log(n.item()))
-        if config.logn_scale == "learned":
-            self.logn_s = nn.Parameter(s)
-        else:
-            self.register_buffer("logn_s", s if config.logn_scale == "fixed" else None, persistent=False)
+        self.normalisation = normalisation.Normalisation(config)  # softmax or stick-breaking, log-length scaling
 
     def forward(self, x, pe, pos_q, pos_k, cache=None, layer=0):
         q, k, v = self.qkv(x, pe, pos_q)
@@ -246,7 +181,7 @@ class SelfAttention(nn.Module):
         if torch.is_grad_enabled():
             return Tq  # autograd keeps every block's tensors anyway
         width = self.dape.width if self.dape is not None else 0
-        maps = 4 + (4 if self.stickbreaking else 0)  # A, bias, logits, probs (+ the stick's log maps)
+        maps = 4 + (4 if self.normalisation.stickbreaking else 0)  # A, bias, logits, probs (+ the stick's log maps)
         per_query = B * Tk * (maps * self.n_head + 2 * width)  # and f's hidden map
         step = ATTN_BLOCK_BUDGET // per_query
         if device.type == "cpu":
@@ -266,8 +201,8 @@ class SelfAttention(nn.Module):
             return self.scores(q[:, :, s:e], k, pe, pos_q[s:e], pos_k, qi, ki, state, logits)
 
         if self.dape is not None:  # dape_paths.py picks the code that computes it
-            normalise = None if self.normalisation is None else (
-                self.normalisation, lambda logits, qi, future: self.normalise(logits, v, qi, future, dropout_p))
+            normalise = None if self.normalisation.what is None else (
+                self.normalisation.what, lambda logits, qi, future: self.normalise(logits, v, qi, future, dropout_p))
             return dape_paths.attention(self.dape, q, k, v, scores, self.causal, t0, step, self.dape_impl,
                                         dropout_p, pe, normalise)
         ys = []
@@ -294,10 +229,10 @@ class SelfAttention(nn.Module):
     def attend_block(self, q, k, v, pe, future, dropout_p, scores, qi):
         """Attention without DAPE of one block of queries, at sequence indices qi; scores(logits) gives their
         logits A (when asked for) and the bias."""
-        if not pe.needs_content and not self.stickbreaking:
+        if not pe.needs_content and not self.normalisation.stickbreaking:
             # the same function through PyTorch's fused attention: the bias (if any) goes in as a float mask,
             # and log-length scaling into q and the bias, c_i (q.k/sqrt(hs) + B) = (c_i q).k/sqrt(hs) + c_i B
-            c = self.logn_factor(qi, k.shape[2]) if self.logn_s is not None else None
+            c = self.normalisation.logn_factor(qi, k.shape[2]) if self.normalisation.logn_s is not None else None
             if c is not None:
                 q = (q * c).to(q.dtype)
             if not pe.has_bias:
@@ -323,47 +258,16 @@ class SelfAttention(nn.Module):
     def normalise(self, logits, v, qi, future, dropout_p=0.0):
         """The output [B, H, R, hs] of the queries at sequence indices qi from their final logits [B, H, R, Tk]
         (after bias and DAPE; -inf or anything where future [R, Tk] is True), against the values v [B, H, Tk,
-        hs]: the weights below, and with stick-breaking what is left of the stick."""
-        return self.mix(*self.weights(logits, qi, future), v, qi, dropout_p)
+        hs]: the weights of normalisation.py, and with stick-breaking what is left of the stick."""
+        return self.mix(*self.normalisation(logits, qi, future), v, qi, dropout_p)
 
     def mix(self, weights, rem, v, qi, dropout_p=0.0):
-        """The output [B, H, R, hs] from the weights and the stick left over that weights() gives."""
+        """The output [B, H, R, hs] from the weights and the stick left over that self.normalisation gives."""
         y = F.dropout(weights, dropout_p).to(v.dtype) @ v
         if rem is None:
             return y
         # the stick left over goes to the query's own value (Tan et al.'s model), v at its index in the sequence
         return y + (F.dropout(rem, dropout_p)[..., None] * v[:, :, qi]).to(y.dtype)
-
-    def weights(self, logits, qi, future):
-        """The attention weights [B, H, R, Tk] of the queries at sequence indices qi from their final logits
-        (as normalise takes them): scaled by s log(n) with logn_scale, then softmax or stick-breaking; and the
-        stick left over [B, H, R] where it goes to the query's own value (stick-breaking without sb_current),
-        else None."""
-        if self.logn_s is not None:
-            if future is not None:  # -inf times a learned scale would put NaN in the scale's gradient
-                logits = logits.masked_fill(future, 0.0)
-            logits = logits * self.logn_factor(qi, logits.shape[-1])
-        if self.stickbreaking:
-            weights, rem = stick_breaking(logits, future, self.sb_current)
-            return weights, None if self.sb_current else rem  # with sb_current the rest goes nowhere
-        if future is not None:
-            logits = logits.masked_fill(future, float("-inf"))
-        return F.softmax(logits, dim=-1), None
-
-    def keys_seen(self, qi, Tk):
-        """n_i, the keys that the queries at sequence indices qi see among Tk: all of them bidirectionally;
-        causally keys 0..i, or 0..i-1 where stick-breaking gives the query's own key no share."""
-        if not self.causal:
-            return torch.full_like(qi, Tk)
-        return qi + (0 if self.stickbreaking and not self.sb_current else 1)
-
-    def logn_factor(self, qi, Tk):
-        """c_i = s_h log(n_i), [H, R, 1] float32, for the queries at sequence indices qi (their index in the
-        whole sequence, so that a KV cache and query blocks give each query its own n). n is taken as at
-        least 2: with one key softmax gives it 1 whatever the scale, and stick-breaking with a zero logit
-        would give it half the stick whatever its logit."""
-        n = self.keys_seen(qi, Tk).clamp(min=2).float()
-        return self.logn_s.float()[:, None, None] * n.log()[:, None]
 
 
 class MLP(nn.Module):
@@ -383,9 +287,9 @@ class Block(nn.Module):
 
     def __init__(self, config, dape=dape):
         super().__init__()
-        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.attn = SelfAttention(config, dape)
-        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
     def forward(self, x, pe, pos_q, pos_k, cache=None, layer=0):
@@ -408,8 +312,7 @@ class KVCache:
 class GPT(nn.Module):
 
     def __init__(self, config, dape=dape):
-        """dape: the module whose DAPEV1 and DAPEV2 define f (dape.py; a checkpoint's recorded dape.py where it
-        was trained with another, common.load_checkpoint)."""
+        """dape: the module whose DAPEV1 and DAPEV2 define f (dape.py, or a checkpoint's own: common.py)."""
         super().__init__()
         assert isinstance(config, GPTConfig), "GPT takes a GPTConfig"
         self.config = config
@@ -418,7 +321,7 @@ class GPT(nn.Module):
             wte=nn.Embedding(config.vocab_size, config.n_embd),
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config, dape) for _ in range(config.n_layer)]),
-            ln_f=LayerNorm(config.n_embd, bias=config.bias),
+            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
         ))
         # one encoding per layer (Kerple, FIRE, ...) or one for the whole model (T5's table, ALiBi, RoPE)
         self.pe = nn.ModuleList([PE(config) for _ in range(config.n_layer if PE.per_layer else 1)])
@@ -513,19 +416,16 @@ class GPT(nn.Module):
         return flops
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
-        """AdamW with weight decay on the weights of Linear, conv and embedding layers only (the encodings'
-        and DAPE's among them: FoX's gate, FIRE's MLP, XL's W_R, PaTH's projections and convolution). Biases,
-        norms and the encodings' own parameter tensors are not decayed, whatever their shape: Kerple's r1, r2
-        (and a, p) are [H, 1, 1] and XL's biases u, v are [H, hs], so nanoGPT's rule (decay every parameter of 2
-        or more dimensions) would pull the slopes towards their clamp, and u, v towards 0. CoPE's position
-        table is not decayed either (zero at init, like a bias), nor log-length scaling's learned s."""
+        """AdamW with weight decay on the weights of Linear, conv and embedding layers only (the encodings' and
+        DAPE's among them). nanoGPT's rule, decay every parameter of 2 or more dimensions, would also pull
+        Kerple's [H, 1, 1] slopes towards their clamp, XL's [H, hs] biases u, v and CoPE's position table
+        (zero at init, like a bias) towards 0; log-length scaling's learned s is not decayed either."""
         matrices = {id(m.weight) for m in self.modules() if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Embedding))}
         params = [p for p in self.parameters() if p.requires_grad]
         decay = [p for p in params if id(p) in matrices]
         no_decay = [p for p in params if id(p) not in matrices]
         groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        use_fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **({"fused": True} if use_fused else {}))
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=True if device_type == "cuda" else None)
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):

@@ -78,7 +78,7 @@ def layer_terms(attn, x, pe, pos, rows):
         logits = attn.dape(A, bias, future)
         f = logits - A - (bias if bias is not None and attn.dape.variant != "concat" else 0.0)
     # the layer's own normalisation: softmax or stick-breaking, after log-length scaling where the model has it
-    att, rem = attn.weights(logits, qi, future)
+    att, rem = attn.normalisation(logits, qi, future)
     y = rearrange(attn.mix(att, rem, v, qi), "b h r d -> b r (h d)")
     # for CoPE and PaTH the position term drawn as the bias is what they make of the content logits A
     position = bias if bias is not None else (A - content if pe.contextual else None)

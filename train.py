@@ -37,7 +37,8 @@ import passkey
 from common import (InputError, autocast, check_dataset, check_weights, dape_module, dape_record, machine_text,
                     pick_dtype, provenance, read_checkpoint_file)
 from configurator import ConfigError, check_device, config_defaults, configure, update_config
-from model import GPT, GPTConfig, normalisation
+import normalisation
+from model import GPT, GPTConfig
 from positional import ENCODINGS
 from tokenizer import get_tokenizer, load_meta
 
@@ -142,7 +143,7 @@ def check_dape_impl(config, device, dtype, compiling):
     why = dape_paths.cannot(config.dape_impl, torch.device(device), dtype, config.n_head,
                             config.n_embd // config.n_head, config.dape_width,
                             config.dape_kernel if config.dape == "v2" else 1, ENCODINGS[config.pos],
-                            config.dropout, compiling, normalisation(config))
+                            config.dropout, compiling, normalisation.describe(config))
     if why is not None:
         raise ConfigError(f"dape_impl=triton cannot run here: {why}; use --dape_impl=auto (the fused kernel "
                           f"where it runs and agrees with dape.py, else PyTorch), torch or plain")

@@ -18,7 +18,8 @@ import torch
 
 import dape_paths
 import dape_torch
-from model import GPT, GPTConfig, KVCache, SelfAttention, stick_breaking
+from model import GPT, GPTConfig, KVCache, SelfAttention
+from normalisation import stick_breaking
 from positional import ENCODINGS
 
 # the options under test, by name
@@ -144,9 +145,9 @@ def test_log_length_scaling_by_hand(attn, mode):
     s = torch.tensor(1 / math.log(3 if sb else 4), requires_grad=True)
     if mode == "learned":
         with torch.no_grad():
-            att.logn_s.fill_(0.7)
+            att.normalisation.logn_s.fill_(0.7)
         s = torch.tensor(0.7, requires_grad=True)
-    torch.testing.assert_close(att.logn_s.detach(), s.detach().expand(1))
+    torch.testing.assert_close(att.normalisation.logn_s.detach(), s.detach().expand(1))
     future = causal_future(4)
     got = att.normalise(Z.masked_fill(future, float("-inf"))[None, None], torch.eye(4)[None, None], torch.arange(4),
                         future)[0, 0]
@@ -162,8 +163,8 @@ def test_log_length_scaling_by_hand(attn, mode):
     if mode == "learned":
         (got * G).sum().backward()
         (want * G).sum().backward()
-        assert att.logn_s.grad.abs().item() > 1e-3
-        torch.testing.assert_close(att.logn_s.grad[0], s.grad, rtol=1e-5, atol=1e-6)
+        assert att.normalisation.logn_s.grad.abs().item() > 1e-3
+        torch.testing.assert_close(att.normalisation.logn_s.grad[0], s.grad, rtol=1e-5, atol=1e-6)
     # rows 2..3 alone, as a block or a cache gives them: their n from their index in the sequence
     part = att.normalise(Z[2:][None, None], torch.eye(4)[None, None], torch.arange(2, 4), future[2:])[0, 0]
     torch.testing.assert_close(part, want[2:], rtol=1e-6, atol=1e-6)
@@ -314,7 +315,7 @@ def test_scaled_fused_softmax_equals_the_explicit_path(pos):
     model = tiny(pos, logn_scale="learned")
     with torch.no_grad():
         for block in model.transformer.h:
-            block.attn.logn_s.uniform_(0.3, 1.5)
+            block.attn.normalisation.logn_s.uniform_(0.3, 1.5)
     idx = tokens(2, 13)
     with torch.no_grad():
         fast, fast_cached = full_logits(model, idx), decode(model, idx, 5)
@@ -391,10 +392,24 @@ def test_a_training_step(option, dape):
     loss.backward()
     for name, p in model.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
-    scales = [block.attn.logn_s for block in model.transformer.h if isinstance(block.attn.logn_s, torch.nn.Parameter)]
+    scales = [b.attn.normalisation.logn_s for b in model.transformer.h
+              if isinstance(b.attn.normalisation.logn_s, torch.nn.Parameter)]
     assert len(scales) == (0 if option == "sb" else 2)
     no_decay = {id(p) for p in opt.param_groups[1]["params"]}
     assert opt.param_groups[1]["weight_decay"] == 0.0 and all(id(s) in no_decay for s in scales)
     before = [s.detach().clone() for s in scales]
     opt.step()
     assert all((s - b).abs().max() > 0 for s, b in zip(scales, before))
+
+
+def test_a_checkpoint_from_before_normalisation_py_loads():
+    """The learned s was attention's own parameter (`...attn.logn_s`) until it moved into normalisation.py
+    (`...attn.normalisation.logn_s`): a checkpoint written before still loads, with its s."""
+    import common
+    model = tiny("kerple", "v1", logn_scale="learned")
+    old = {k.replace(".attn.normalisation.logn_s", ".attn.logn_s"): v for k, v in model.state_dict().items()}
+    assert any(k.endswith(".attn.logn_s") for k in old)
+    fresh = tiny("kerple", "v1", seed=1, logn_scale="learned")
+    fresh.load_state_dict(common.check_weights("ckpt.pt", old, fresh))
+    for a, b in zip(model.state_dict().values(), fresh.state_dict().values()):
+        torch.testing.assert_close(a, b)
