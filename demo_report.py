@@ -677,7 +677,7 @@ def rounding_tables(native, other):
 USAGE = ("usage: python demo_report.py [RESULTS_DIR] [--minutes=M --models=N]   (the run's report)\n"
          "       python demo_report.py RESULTS_DIR --publish                    (into README.md and docs/)\n"
          "       python demo_report.py --tables_from=docs/results/demo\n"
-         "       python demo_report.py --rounding_from=FILE --against=docs/results/demo/results.json")
+         "       python demo_report.py --rounding_from=FILE --against=docs/results/demo-full/results.json")
 
 
 def main(argv):
