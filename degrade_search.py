@@ -71,13 +71,18 @@ def trial_of(results_dir, name, changes):
 
 
 def add_trial(search_path, trial):
-    """Add the trial to the search file (replacing one of the same name), written whole or not at all."""
+    """Add the trial to the search file (a rerun replaces the trial of its name where it stands), written whole or
+    not at all."""
     search = {"what": WHAT, "trials": []}
     if os.path.exists(search_path):
         with open(search_path) as f:
             search = json.load(f)
     search["what"] = WHAT
-    search["trials"] = [t for t in search["trials"] if t["name"] != trial["name"]] + [trial]
+    names = [t["name"] for t in search["trials"]]
+    if trial["name"] in names:
+        search["trials"][names.index(trial["name"])] = trial
+    else:
+        search["trials"].append(trial)
     tmp = search_path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(search, f, indent=1)

@@ -57,7 +57,7 @@ def test_what_a_run_did_not_record_is_written_unrecorded(tmp_path):
 
 
 def test_a_rerun_replaces_its_trial_and_the_tables_show_each(tmp_path):
-    """--add_trial keeps one entry per trial name (a rerun replaces it, in the order added) and writes the file's
+    """--add_trial keeps one entry per trial name (a rerun replaces it where it stands) and writes the file's
     'what'; --search_from prints the ratios to 1x on the same bytes, the mean mass beyond the training length
     at each multiple with the largest head at the longest, and where each trial came from."""
     path = str(tmp_path / "search.json")
@@ -66,7 +66,7 @@ def test_a_rerun_replaces_its_trial_and_the_tables_show_each(tmp_path):
                              f"--name={name}", "--changes=x"])
     with open(path) as f:
         saved = json.load(f)
-    assert saved["what"] == degrade_search.WHAT and [t["name"] for t in saved["trials"]] == ["kerple", "fire"]
+    assert saved["what"] == degrade_search.WHAT and [t["name"] for t in saved["trials"]] == ["fire", "kerple"]
     text = degrade_search.main([f"--search_from={path}"])
     lines = text.splitlines()
     assert lines[0] == "| trial | changes | ppl at 1x | 2x / 1x |" and "| fire | x | 7.000 | 1.100 |" in lines
