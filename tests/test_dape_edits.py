@@ -52,6 +52,27 @@ def test_own_code_on_blocks_is_dape_py_on_the_whole_map(cls, variant, out, Tq, T
         assert (a is None) == (b is None) and (a is None or torch.allclose(a, b, rtol=1e-10, atol=1e-12))
 
 
+@pytest.mark.parametrize("cls", [DAPEV1, DAPEV2])
+@pytest.mark.parametrize("out", ["probs", "masked"])
+@pytest.mark.parametrize("Tq,Tk", [(19, 19), (5, 23)])
+def test_own_code_without_autograd_is_dape_py_on_the_whole_map(cls, out, Tq, Tk, monkeypatch):
+    """Without autograd own_code writes blocks of about TILE_PAIRS pairs straight into its output: the same map,
+    -inf (or 0 after softmax) beyond each block's last key, at block sizes that do not divide the rows."""
+    monkeypatch.setattr(dape_torch, "TILE_PAIRS", 2 * 3 * Tk)  # 3 rows a block: 7 blocks of 19, 2 of 5
+    torch.manual_seed(0)
+    mod = cls(3, width=5).double()
+    future = torch.arange(Tk)[None, :] > torch.arange(Tk - Tq, Tk)[:, None]
+    A, bias = (t.detach() for t in maps(2, 3, Tq, Tk, False))
+    call = (lambda **kw: mod.probs(A, bias, future, **kw)) if out == "probs" else \
+        (lambda **kw: mod(A, bias, future, mask_future=True, **kw))
+    with torch.no_grad():
+        want = call()
+        got = call(residual_f=lambda *a: dape_torch.own_code(mod, *a))
+    assert torch.equal(torch.isinf(got), torch.isinf(want))
+    finite = ~torch.isinf(want)
+    assert torch.allclose(got[finite], want[finite], rtol=1e-12, atol=1e-12)
+
+
 def test_own_code_computes_f_only_at_the_keys_a_block_sees(monkeypatch):
     """At 16 causal rows in 4 blocks, f sees 4, 8, 12, 16 keys: 40 of 64 columns, not 4 x 16."""
     monkeypatch.setattr(dape_torch, "OWN_BLOCKS", 4)
