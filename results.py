@@ -515,8 +515,8 @@ def direction(tests, alpha=ALPHA):
     return sign(significant) or None, sign(ok) or '0'
 
 
-RETEST_CLASSES = {'holds': 'holds', 'fails': 'fails', 'second': 'conclusion under the second only',
-                  'tie': 'tie', 'same': 'same sign, not significant', 'opposite': 'opposite or mixed sign, not significant',
+RETEST_CLASSES = {'holds': 'holds', 'fails': 'fails', 'second': 'conclusion under the second only', 'tie': 'tie',
+                  'same': 'same sign, not significant', 'opposite': 'opposite or mixed sign, not significant',
                   'n/a': 'n/a: no test under one side'}
 
 
@@ -592,7 +592,8 @@ def retest(sides, runs, comparisons, figure, rule, fmt='{:+.1f}', run_fmt='{:.1f
     fig = lambda v: 'n/a' if v is None else run_fmt.format(v)
     classes = [retest_class(ca, cb) for *_, ca, cb in comparisons]
     seeds = sorted({r[1] for r in runs}, key=lambda s: (s is None, s or 0))
-    text = [format_table(['model', 'runs', 'r', 'mean change'] + [f"learned, {a}", f"learned, {b}", 'changed sides'] * judged,
+    learned_columns = [f"learned, {a}", f"learned, {b}", 'changed sides'] * judged
+    text = [format_table(['model', 'runs', 'r', 'mean change'] + learned_columns,
                          [[g, str(len(rs))] + moved(rs) + learned(rs) * judged
                           for g, rs in list(groups.items()) + [('all', runs)]], True),
             format_table(['model', 'seed', f"{a} / {b}"] + [f"learned, {a} / {b}"] * judged,
@@ -606,9 +607,10 @@ def retest(sides, runs, comparisons, figure, rule, fmt='{:+.1f}', run_fmt='{:.1f
                f"Pearson's correlation of the runs' figures across the two sides (n/a: fewer than 3 runs, a side that "
                f"does not vary, or a figure missing); mean change: their mean absolute difference"
                + ("; learned, with the exact 95% interval, under each side, and the runs that changed sides between "
-                  "learned and not" if judged else '') + f". Each comparison counts once: {rule}. It is a conclusion under a side where a test's Holm p, as its table "
-               f"computes it there, is below {ALPHA:g}, and holds where the second side draws the same conclusion; "
-               f"an exact tie (the two groups equal) is never counted as holding. "
+                  "learned and not" if judged else '')
+               + f". Each comparison counts once: {rule}. It is a conclusion under a side where a test's Holm p, as "
+               f"its table computes it there, is below {ALPHA:g}, and holds where the second side draws the same "
+               f"conclusion; an exact tie (the two groups equal) is never counted as holding. "
                + (retest_counts(classes) if comparisons else "No comparison: no pair of this table is in both files."))
     return '\n\n'.join(text + [caption])
 
