@@ -38,7 +38,8 @@ import torch.nn.functional as F
 import che_data
 import retrieval_data
 from che_data import TABLE2_TASKS, make_batch, max_sequence_length
-from common import autocast as autocast_context, pick_device, pick_dtype, pos_options, provenance
+from common import (InputError, autocast as autocast_context, dape_of_run, dape_record, pick_device, pick_dtype,
+                    pos_options, provenance)
 from results import (MERGE_FIX, PAPER_TABLE2, RUN_KEYS, TASKS, check_selection, compact_runs, encoding_label,
                      length_tables, load_cells, max_mean_text, merge_rows, paper_table, parse_learning_rates,
                      plot_per_length, read_results, retest_tables, run_key, seeds_table, summarize, summary_table,
@@ -257,24 +258,30 @@ def run_one(cfg, log=print, command='unknown'):
     """Train and evaluate one run: one (task, pos, dape) at one seed and learning rate, recorded with where it
     was trained ('trained': common.provenance of `command`: the rounding a later save cannot know).
     -> result dict (also written to out_dir/runs/ as JSON, which resume=True reuses)."""
+    # the dape.py that trains it: an edit of f (an ablation) is labelled apart from its baseline, and not reused
+    dape_py = dape_of_run({'dape_py': dape_record(), 'model_args': {'dape': cfg['dape']}})
     if cfg['out_dir'] and cfg['resume'] and os.path.exists(_run_path(cfg)):
         saved = _load_run(_run_path(cfg))
-        if _same_run(saved.get('config', {}), cfg):
+        same_f = cfg['dape'] == 'none' or (saved.get('dape_py') or {}).get('sha256') == dape_py['sha256']
+        if not same_f:
+            log(f"== {_run_path(cfg)}: trained with another dape.py, or before runs recorded it: run again")
+        elif _same_run(saved.get('config', {}), cfg):
             log(f"== {_run_path(cfg)}: finished earlier with the same settings, reused")
             return saved
-        log(f"== {_run_path(cfg)}: other settings, run again")
+        else:
+            log(f"== {_run_path(cfg)}: other settings, run again")
     task = get_task(cfg['task'])
     device = pick_device(cfg['device'])
     dtype = pick_dtype(cfg['dtype'], device)
     autocast = autocast_context(device, dtype)
     torch.manual_seed(cfg['seed'])
-    label = encoding_label(cfg['pos'], cfg['dape'])
+    label = encoding_label(cfg['pos'], cfg['dape']) + (f"[dape.py={dape_py['tag']}]" if dape_py['tag'] else '')
     dtype_name = str(dtype).replace('torch.', '')
     result = {'task': task.name, 'level': task.level, 'pos': cfg['pos'], 'dape': cfg['dape'],
               'encoding': label, 'seed': cfg['seed'], 'learning_rate': cfg['learning_rate'],
               'random_baseline': 100 * task.random_baseline,
               'device': device, 'dtype': dtype_name, 'config': dict(cfg),
-              'trained': provenance(command, torch.device(device).type)}
+              'trained': provenance(command, torch.device(device).type), 'dape_py': dape_py}
     log(f"== {task.name} | {label} (pos={cfg['pos']}, dape={cfg['dape']}), seed {cfg['seed']}, "
         f"lr {cfg['learning_rate']:g}, on {device} ({dtype_name})")
     model = build_model(task, cfg).to(device)
@@ -421,12 +428,16 @@ def tables_from_file(cfg):
     return seeds_table(cells, tasks, columns, cfg) + ('\n\nPer test length:\n\n' + by_length if by_length else '')
 
 
-
-
 def merge_runs(path, runs, origin=None):
     """Merge runs (compact_runs) into the results file `path` (results.merge_rows: a rerun of a seed replaces its
     earlier figures), each with where it was trained: its own record, else `origin` (common.provenance)."""
     saved = read_results(path, 'save_runs', MERGE_FIX, keys=RUN_KEYS) if os.path.exists(path) else {'runs': []}
+    for r in runs:  # a run of an edited f would replace its baseline's under the same key, or the reverse
+        old = next((s for s in saved['runs'] if run_key(s) == run_key(r)), None)
+        if old is not None and old.get('dape_tag') != r.get('dape_tag'):
+            raise InputError(f"--save_runs: {path} holds {run_key(r)} trained with dape.py "
+                             f"{old.get('dape_tag') or 'as committed'}, and this run with dape.py "
+                             f"{r.get('dape_tag') or 'as committed'}: save an ablation's runs in a file of their own")
     merge_rows(path, saved, [{**(origin or {}), **r} for r in runs], run_key, lambda r: run_key(r)[:-1])
 
 

@@ -732,7 +732,6 @@ def plot_loss_by_position(runs, path):
     plt.close(fig)
 
 
-
 def split_pairs(text):
     """--pairs 'a:b,c:d' as ['a:b', 'c:d'], keeping commas inside brackets (kerple[lr=1,dropout=0])."""
     items, depth, cur = [], 0, ''
@@ -765,7 +764,6 @@ def parse_pairs(text, labels):
             raise InputError(f"--pairs: {pair!r} compares {found[0][0]!r} with itself")
         out += found
     return out
-
 
 
 def group_runs(runs, eval_lengths):
@@ -1229,8 +1227,6 @@ def summary_table(cells, tasks, columns):
     return '\n'.join(lines)
 
 
-
-
 def task_family(task):
     """'retrieval' for retrieval_data.py's tasks, 'CHE' for che_data.py's: whose rule for 'learned' applies."""
     return 'retrieval' if task in retrieval_data.TASKS else 'CHE'
@@ -1251,7 +1247,6 @@ def learned_threshold(task, cfg):
     from the random-guess level to 100% (by default halfway: 75% where chance is 50%, 60% where it is 20%)."""
     chance = 100 * task.random_baseline
     return chance + cfg['learned_frac'] * (100 - chance)
-
 
 
 def parse_learning_rates(cfg):
@@ -1312,8 +1307,6 @@ def seed_rows(cells, tasks, columns, cfg):
                 if runs:
                     out.append((t, p, d, lr, runs, learned_threshold(TASKS[t], cfg)))
     return out
-
-
 
 
 def _compare_shares(a, b, threshold):
@@ -1489,10 +1482,10 @@ def compact_runs(cells):
             if 'train' in r:
                 run['train_time_s'] = round(r['train']['time_s'], 1)
             run.update(r.get('trained', {}))
+            if (r.get('dape_py') or {}).get('tag'):  # an edited f's runs (che_tasks.run_one)
+                run['dape_tag'] = r['dape_py']['tag']
             out.append(run)
     return sorted(out, key=run_key)
-
-
 
 
 def cells_from_runs(runs):
@@ -1505,17 +1498,11 @@ def cells_from_runs(runs):
     return cells
 
 
-
-
 def load_cells(path, option):
     """The cells (cells_from_runs) of the runs in a results file that save_runs wrote (read_results, as
     --`option`), and the file."""
     saved = read_results(path, option, "name a file that --save_runs wrote", keys=RUN_KEYS)
     return cells_from_runs(saved['runs']), saved
-
-
-
-
 
 
 def check_selection(path, runs, tasks, columns, cfg):
@@ -1625,7 +1612,6 @@ def group_table(groups, lens, metric, markdown=False):
     return length_table(groups, lens, first, lambda g, L: cell(g['per_length'][L]), markdown)
 
 
-
 def plot_groups(panels, lens, path):
     """The tables over seeds as curves against length: a column per results file (panels: [(title, group_rows'
     groups)]), a row per measure of MEASURES; per model the mean over its seeds with the 95% t interval of that mean
@@ -1686,7 +1672,6 @@ def plot_groups(panels, lens, path):
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return drawn
-
 
 
 def learned_at_training_length(row, learned_exact):
@@ -1872,7 +1857,6 @@ def read_passkey_results(path):
 
 
 SAME_PROTOCOL = ('lengths', 'depths', 'trials', 'filler', 'seed', 'digits')  # what makes two runs' figures comparable
-
 
 
 # -----------------------------------------------------------------------------

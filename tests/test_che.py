@@ -1222,3 +1222,30 @@ def test_retrieval_tasks_are_at_positions_0_to_T_minus_1_by_their_configs():
     doc = ' '.join(C.__doc__.split())
     assert 'at positions 0..T-1 as its configs set it (rand_pos=False; the runner\'s default, rand_pos=True, ' \
            'draws randomized positions for any task)' in doc
+
+
+def test_an_edited_dape_py_is_recorded_labelled_and_kept_apart(tmp_path, monkeypatch):
+    """A run trained with an edited dape.py (an ablation of f) records it, is labelled with its tag, is not reused
+    by resume=True where the out_dir's run was trained with another dape.py, and does not replace its
+    baseline's run in a save_runs file (nor the reverse)."""
+    import common
+    cfg = _cfg(task='bucket_sort', pos='alibi', dape='v1', seed=0, max_iters=1, batch_size=2, eval_samples=1,
+               eval_batch_size=1, eval_draws=1, eval_min_len=41, eval_max_len=41, id_stride=40, out_dir=str(tmp_path),
+               resume=True, plot=False)
+    base = C.run_one(cfg, log=lambda *a: None)
+    assert base['dape_py']['tag'] is None and base['encoding'] == 'DAPE-ALiBi'
+    edited = dict(common.dape_record(), sha256='ab12cd3' + '0' * 57, edited=True)
+    monkeypatch.setattr(C, 'dape_record', lambda: edited)
+    said = []
+    ablation = C.run_one(cfg, log=said.append)
+    assert any('trained with another dape.py' in line for line in said)  # trained again, not reused
+    assert ablation['dape_py'] == {'sha256': edited['sha256'], 'edited': True, 'tag': 'ab12cd3'}
+    assert ablation['encoding'] == 'DAPE-ALiBi[dape.py=ab12cd3]'
+    path = str(tmp_path / 'runs.json')
+    cell = lambda run: {('bucket_sort', 'alibi', 'v1'): {'runs': [run]}}
+    C.merge_runs(path, C.compact_runs(cell(base)))
+    with pytest.raises(common.InputError, match="trained with dape.py as committed, and this run with dape.py "
+                                                "ab12cd3: save an ablation's runs in a file of their own"):
+        C.merge_runs(path, C.compact_runs(cell(ablation)))
+    C.merge_runs(str(tmp_path / 'ablation.json'), C.compact_runs(cell(ablation)))
+    assert json.loads((tmp_path / 'ablation.json').read_text())['runs'][0]['dape_tag'] == 'ab12cd3'
