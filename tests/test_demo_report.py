@@ -73,3 +73,21 @@ def test_published_is_a_path_inside_docs_results():
     assert demo_report.is_published(os.path.join(docs, "results", "demo"))
     assert not demo_report.is_published(os.path.join(docs, "results_old", "demo"))
     assert not demo_report.is_published(os.path.join(demo_report.ROOT, "results", "demo"))
+
+
+def test_the_headline_and_the_whole_study_agree_where_they_overlap():
+    """docs/demo_setting.md says seeds 1 to 3 of Kerple, DAPE-Kerple, FIRE and DAPE-FIRE have bit for bit the same
+    perplexity at 1024 in the headline (docs/results/demo) and the whole study (docs/results/demo-full), so that
+    only seeds 4 and 5 are new evidence: the files say so."""
+    import json
+    import os
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ppl = {}
+    for name in ("demo", "demo-full"):
+        with open(os.path.join(root, "docs", "results", name, "results.json")) as f:
+            ppl[name] = {(r["label"], r["seed"]): r["results"]["1024"]["ppl"] for r in json.load(f)["runs"]}
+    shared = [(label, seed) for label in ("kerple", "dape-kerple", "fire", "dape-fire") for seed in (1, 2, 3)]
+    assert all(ppl["demo"][k] == ppl["demo-full"][k] for k in shared)
+    assert {seed for label, seed in ppl["demo"]} == {1, 2, 3, 4, 5}
+    with open(os.path.join(root, "docs", "demo_setting.md")) as f:
+        assert "bit for bit the same\nperplexity at 1024 in both" in f.read()
