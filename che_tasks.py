@@ -24,6 +24,7 @@ $ python che_tasks.py config/che_cpu_reverse.py --tables_from=docs/results/che_r
 $ ATEN_CPU_CAPABILITY=default python che_tasks.py config/che_cpu_learned.py --seeds=0 --save_runs=other.json
 $ python che_tasks.py config/che_cpu_learned.py --tables_from=mine.json --rounding_from=other.json
 """
+import itertools
 import json
 import math
 import os
@@ -63,10 +64,9 @@ def file_name(dape):
 # runner: model, training, evaluation
 
 def model_block_size(task, train_max_len):
-    """block_size = the longest framed training sequence (N = train_max_len plus its |y|
-    placeholders; a retrieval task's sequence): the training range. It sizes `learned` (which cannot run
-    past it unless trained with randomized positions, whose table then has rand_pos_max rows) and FIRE's
-    L0; the relative encodings run at any length."""
+    """block_size = the longest framed training sequence (N = train_max_len plus its |y| placeholders; a retrieval
+    task's sequence): the training range. It sizes `learned` (which cannot run past it unless trained with randomized
+    positions, whose table then has rand_pos_max rows) and FIRE's L0; the relative encodings run at any length."""
     return task.seq_len(train_max_len) if task.causal else max_sequence_length(task, train_max_len)
 
 
@@ -83,9 +83,8 @@ def build_model(task, cfg, config_only=False):
                      n_layer=cfg['n_layer'], n_head=cfg['n_head'], n_embd=cfg['n_embd'],
                      dropout=cfg['dropout'], bias=cfg['bias'], pos=pos, dape=cfg['dape'].partition(':')[0],
                      dape_init=cfg['dape'].partition(':')[2] or 'default', dape_variant=cfg['dape_variant'],
-                     dape_width=cfg['dape_width'],
-                     dape_kernel=cfg['dape_kernel'], causal=task.causal, bidir_bias=cfg['bidir_bias'],
-                     tie_weights=False, rand_pos=rand_pos,
+                     dape_width=cfg['dape_width'], dape_kernel=cfg['dape_kernel'], causal=task.causal,
+                     bidir_bias=cfg['bidir_bias'], tie_weights=False, rand_pos=rand_pos,
                      rand_pos_max=cfg['rand_pos_max'] if rand_pos else 0,
                      rand_pos_eval=rand_pos and cfg['rand_pos_eval'], **attn_options)
     return gcfg if config_only else GPT(gcfg)
@@ -262,8 +261,7 @@ def run_one(cfg, log=print, command='unknown'):
     dape_py = dape_of_run({'dape_py': dape_record(), 'model_args': {'dape': cfg['dape']}})
     if cfg['out_dir'] and cfg['resume'] and os.path.exists(_run_path(cfg)):
         saved = _load_run(_run_path(cfg))
-        same_f = cfg['dape'] == 'none' or (saved.get('dape_py') or {}).get('sha256') == dape_py['sha256']
-        if not same_f:
+        if cfg['dape'] != 'none' and (saved.get('dape_py') or {}).get('sha256') != dape_py['sha256']:
             log(f"== {_run_path(cfg)}: trained with another dape.py, or before runs recorded it: run again")
         elif _same_run(saved.get('config', {}), cfg):
             log(f"== {_run_path(cfg)}: finished earlier with the same settings, reused")
@@ -481,14 +479,13 @@ def run_grid(cfg, log=print, command='unknown (che_tasks.run_grid called in a pr
                             len(parse_seeds(cfg)) * len(parse_learning_rates(cfg)),
                             _eval_text(cfg['eval_samples'], position_draws(cfg)))
     if cfg['save_runs']:
-        merge_runs(cfg['save_runs'], compact_runs(cells), provenance(command, torch.device(pick_device(cfg['device'])).type))
+        device = torch.device(pick_device(cfg['device'])).type
+        merge_runs(cfg['save_runs'], compact_runs(cells), provenance(command, device))
     log(f"\ngrid finished in {time.time() - t0:.0f}s\n")
     log(table)
-    log('\nOver seeds:\n')
-    log(seeds_table(cells, tasks, columns, cfg))
+    log('\nOver seeds:\n\n' + seeds_table(cells, tasks, columns, cfg))
     if paper:
-        log('\nDAPE paper, Table 2 (for reference):\n')
-        log(paper_table(tasks))
+        log('\nDAPE paper, Table 2 (for reference):\n\n' + paper_table(tasks))
     return cells, table
 
 
@@ -617,12 +614,10 @@ def check_config(cfg):
             read_results(cfg['rounding_from'], 'rounding_from', fix, keys=RUN_KEYS)
         check_selection(cfg['tables_from'], runs, *table_selection(cfg), cfg)
     elif cfg['out_dir'] and cfg['resume']:  # a record cut short would stop the runs midway: say so before they start
-        for t, p, d in cells:
-            for s in seeds:
-                for lr in rates:
-                    path = _run_path(dict(cfg, task=t, pos=p, dape=d, seed=s, learning_rate=lr))
-                    if os.path.exists(path):
-                        _load_run(path)
+        for (t, p, d), s, lr in itertools.product(cells, seeds, rates):
+            path = _run_path(dict(cfg, task=t, pos=p, dape=d, seed=s, learning_rate=lr))
+            if os.path.exists(path):
+                _load_run(path)
     if cfg['dtype'] not in ('auto', 'float32', 'bfloat16', 'float16'):
         raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {cfg['dtype']!r}")
     check_device(cfg['device'])
@@ -639,8 +634,7 @@ def main(argv=None):
         print(f"che_tasks: {e}", file=sys.stderr)
         sys.exit(2)
     if config['tables_from']:
-        table = tables_from_file(config)
-        print(table)
+        print(table := tables_from_file(config))
         return table
     command = shlex.join(['python', 'che_tasks.py', *(sys.argv[1:] if argv is None else argv)])
     if config['grid']:
