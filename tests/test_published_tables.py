@@ -122,7 +122,8 @@ def test_every_run_in_the_results_files_was_measured():
 def test_every_run_says_where_it_came_from():
     """Each run, row or trial in docs/results/ (and each benchmark's meta) names the code's commit, the command,
     the machine and the date (those of its training where it has one: `trained_by`), so that a later rerun can
-    tell a change of code from a change of machine; 'unknown' only where nothing recorded it."""
+    tell a change of code from a change of machine; 'unknown' (a search trial's: 'unrecorded') only where nothing
+    recorded it."""
     counted = 0
     for path in sorted(glob.glob(os.path.join(ROOT, 'docs', 'results', '**', '*.json'), recursive=True)):
         with open(path) as f:
