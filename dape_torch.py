@@ -133,8 +133,8 @@ def own_code(mod, x, y, res_y, future, out):
     if future is None or out == "logits" or x.shape[-2] == 1:
         return mod.residual_f(x, y, res_y, future, out)
     R, Tk = future.shape
-    rows = -(-R // min(OWN_BLOCKS, R))
-    if not torch.is_grad_enabled():  # nothing kept for backward: blocks of about a tile's pairs bound the memory
+    rows, grad = -(-R // min(OWN_BLOCKS, R)), torch.is_grad_enabled()
+    if not grad:  # nothing kept for backward: blocks of about a tile's pairs bound the memory
         rows = min(rows, max(1, TILE_PAIRS // (x.shape[0] * Tk)))
     keys = keys_needed(future)
     fill = 0.0 if out == "probs" else float("-inf")  # what the keys left out hold after out's mask (and softmax)
@@ -145,7 +145,7 @@ def own_code(mod, x, y, res_y, future, out):
     for s, xb, yb, fb in zip(range(0, R, rows), xs, ys, fs):
         ne = max(keys[s:s + rows])
         o = mod.residual_f(xb[..., :ne], None if yb is None else yb[..., :ne], res_y, fb[:, :ne], out)
-        if torch.is_grad_enabled():
+        if grad:
             blocks.append(F.pad(o, (0, Tk - ne), value=fill))
             continue
         if whole is None:  # without autograd each block goes straight into the output: no padded copies to join

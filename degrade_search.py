@@ -19,6 +19,8 @@ import json
 import os
 import sys
 
+from results import write_json
+
 UNRECORDED = "unrecorded"
 PROVENANCE = ("commit", "command", "machine", "date")
 # every field a trial has, in the order it is written: tests/test_published_tables.py holds the published
@@ -83,10 +85,7 @@ def add_trial(search_path, trial):
         search["trials"][names.index(trial["name"])] = trial
     else:
         search["trials"].append(trial)
-    tmp = search_path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(search, f, indent=1)
-    os.replace(tmp, search_path)
+    write_json(search_path, search)
 
 
 def heads(t, L):

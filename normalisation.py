@@ -12,6 +12,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from positional import real
+
 ATTNS = ("softmax", "stickbreaking")
 LOGN_SCALES = ("none", "fixed", "learned")
 
@@ -31,7 +33,7 @@ def stick_breaking(logits, future, current=False):
     over the keys after j a reverse cumulative sum."""
     # without the current key: j >= i exactly where key j + 1 is in the future (and the last key, as i < Tk)
     hidden = future if current else F.pad(future[:, 1:], (0, 1), value=True)
-    z = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    z = real(logits)
     log_keep = F.logsigmoid(-z).masked_fill(hidden, 0.0)  # log(1 - beta); a hidden key leaves the stick whole
     # log of the stick that reaches key j: the keys after it, as a sum from the last key back, less j's own term
     reaches = log_keep.flip(-1).cumsum(-1).flip(-1) - log_keep
