@@ -33,8 +33,8 @@ import shutil
 import sys
 
 from common import machine_text, provenance
-from results import (ALPHA, compare_means, holm_over, mean_ci, p_text, permutation_test, retest, retest_sides,
-                     significance)
+from results import (ALPHA, compare_means, difference_text, holm_over, length_table, mean_ci, mean_std_text, p_text,
+                     permutation_test, retest, retest_sides, significance)
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 START, END = "<!-- demo-results:start -->", "<!-- demo-results:end -->"
@@ -56,22 +56,13 @@ def machine():
     return f"{machine_text('cpu')}, {os.cpu_count()} cores, {platform.system()}"
 
 
-def cell(stat, fmt):
-    if stat["status"] != "ok":
-        return stat["status"]
-    return fmt.format(stat["mean"]) + ("" if stat["std"] is None else " ± " + fmt.format(stat["std"]))
-
-
 def table(results, key, fmt):
     """A row per group of seeds (a row per run where each has one seed): the mean ± sample std."""
-    lengths = results["lengths"]
-    several = any(g["n"] > 1 for g in results["groups"])
-    rows = ["| model | " + ("seeds | " if several else "") + " | ".join(str(L) for L in lengths) + " |",
-            "| --- " * (len(lengths) + 1 + several) + "|"]
-    for g in results["groups"]:
-        cells = [cell(g[key][str(L)], fmt) for L in lengths]
-        rows.append(f"| {g['label']} | " + (f"{g['n']} | " if several else "") + " | ".join(cells) + " |")
-    return "\n".join(rows)
+    first = [("model", lambda g: g["label"])]
+    if any(g["n"] > 1 for g in results["groups"]):
+        first.append(("seeds", lambda g: str(g["n"])))
+    stat = lambda s: s["status"] if s["status"] != "ok" else mean_std_text(s["mean"], s["std"], fmt)
+    return length_table(results["groups"], results["lengths"], first, lambda g, L: stat(g[key][str(L)]), True)
 
 
 def exact_tests(results):
@@ -187,37 +178,30 @@ def primary_text(results, tests, alpha=ALPHA, docs="docs/"):
             f"{p_text(cell['p_min'])}): {PRIMARY[0]} {which} at {alpha:g}.")
 
 
+def tested(results):
+    """The comparisons with a test at some length (a single seed on either side leaves a length without one)."""
+    return [c for c in results["comparisons"] if any(p["status"] == "ok" for p in c["p_value"].values())]
+
+
 def pvalue_table(results, tests):
-    """Per length, DAPE-X against X, for every pair with a test at any length (a single seed on either side
-    leaves a length without one): Welch's two-sided p, and in brackets the exact p and its Holm adjustment
-    (exact_tests)."""
-    lengths = results["lengths"]
-    rows = ["| DAPE-X vs X | " + " | ".join(str(L) for L in lengths) + " |", "| --- " * (len(lengths) + 1) + "|"]
-    for c in results["comparisons"]:
-        ps = [c["p_value"][str(L)] for L in lengths]
-        if not any(p["status"] == "ok" for p in ps):  # a single seed on either side: no test to show
-            continue
-        exact = tests[(c["label"], c["baseline"])]
-        rows.append(f"| {c['label']} vs {c['baseline']} | " + " | ".join(
-            f"{p['p']:.3g} (exact {p_text(exact[L]['p_exact'])}, Holm {p_text(exact[L]['p_holm'])})"
-            if p["status"] == "ok" else p["status"] for L, p in zip(lengths, ps)) + " |")
-    return "\n".join(rows)
+    """Per length, DAPE-X against X, for every pair with a test at any length: Welch's two-sided p, and in
+    brackets the exact p and its Holm adjustment (exact_tests)."""
+    def p_cell(c, L):
+        p, exact = c["p_value"][str(L)], tests[(c["label"], c["baseline"])].get(L)
+        if p["status"] != "ok":
+            return p["status"]
+        return f"{p['p']:.3g} (exact {p_text(exact['p_exact'])}, Holm {p_text(exact['p_holm'])})"
+    return length_table(tested(results), results["lengths"],
+                        [("DAPE-X vs X", lambda c: f"{c['label']} vs {c['baseline']}")], p_cell, True)
 
 
 def difference_table(results):
     """DAPE-X's mean perplexity minus X's per length with its 95% confidence interval, for the pairs of
     pvalue_table (negative: DAPE lower)."""
-    lengths = results["lengths"]
-    rows = ["| DAPE-X minus X | " + " | ".join(str(L) for L in lengths) + " |", "| --- " * (len(lengths) + 1) + "|"]
-    for c in results["comparisons"]:
-        ps = [c["p_value"][str(L)] for L in lengths]
-        if not any(p["status"] == "ok" for p in ps):
-            continue
-        cells = [p["status"] if p["status"] != "ok" else
-                 f"{p['mean_diff']:+.3f}" + (f" [{p['ci'][0]:+.3f}, {p['ci'][1]:+.3f}]" if "ci" in p else "")
-                 for p in ps]
-        rows.append(f"| {c['label']} - {c['baseline']} | " + " | ".join(cells) + " |")
-    return "\n".join(rows)
+    difference = lambda p: difference_text(dict(p, diff=p.get("mean_diff")), "{:+.3f}")
+    return length_table(tested(results), results["lengths"],
+                        [("DAPE-X minus X", lambda c: f"{c['label']} - {c['baseline']}")],
+                        lambda c, L: difference(c["p_value"][str(L)]), True)
 
 
 def significance_text(comparison, tests, alpha=ALPHA):
@@ -455,8 +439,8 @@ def study(saved, docs=""):
                   if several else "one seed each")
     full = os.path.exists(os.path.join(saved, "rope_scaling", "results.json"))  # only --full reads RoPE four ways
     command = "bash demo.sh" + (" --full" if full else "") + ("" if seeds == DEFAULT_SEEDS else f" --seeds={seeds}")
-    tested = [c for c in results["comparisons"] if any(p["status"] == "ok" for p in c["p_value"].values())]
-    sizes = sorted({(g["n"]) for c in tested for g in results["groups"] if g["label"] in (c["label"], c["baseline"])})
+    pairs = tested(results)
+    sizes = sorted({(g["n"]) for c in pairs for g in results["groups"] if g["label"] in (c["label"], c["baseline"])})
     tests = exact_tests(results)
     exact = [t for pair in tests.values() for t in pair.values()]
     rises = rise_tests(results)
@@ -472,7 +456,7 @@ t-test, and in brackets the exact permutation test and its Holm adjustment:
 DAPE-X's mean perplexity minus X's, with the 95% confidence interval of the difference (Welch-Satterthwaite;
 negative: DAPE lower):
 
-{difference_table(results)}""" if tested else "")
+{difference_table(results)}""" if pairs else "")
     rise = f"\n\nThe rise, DAPE-X against X:\n\n{rise_table(results, rises)}" if rises else ""
     floors = sorted({round(t['p_min'], 12) for t in exact}, reverse=True)
     floor = f"{floors[0]:.2g}" if len(floors) == 1 else f"{floors[0]:.2g} for some and {floors[-1]:.2g} for others"
