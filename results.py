@@ -60,6 +60,50 @@ def jsonable(obj):
 
 
 # -----------------------------------------------------------------------------
+# figures: what every plot shares
+
+
+def new_figure(rows, cols, size, **kw):
+    """A figure of rows x cols panels drawn without a display (matplotlib's Agg backend: the scripts run on
+    servers and in tests): (fig, axes), axes[i][j] however few panels."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    return plt.subplots(rows, cols, figsize=size, squeeze=False, **kw)
+
+
+def save_figure(fig, path, dpi):
+    """fig as a PNG at path, its folder made where missing; then closed, since a script may draw many."""
+    import matplotlib.pyplot as plt
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+
+
+def length_axis(ax, lengths, blocks):
+    """A log2 axis of lengths, ticked at each; where the models share one training length (blocks: theirs), each
+    tick also reads as a multiple of it ('64\\n1x'). -> whether the ticks give the multiples."""
+    from matplotlib.ticker import NullLocator
+    blocks = sorted(set(blocks))
+    ax.set_xscale('log', base=2)
+    ax.set_xticks(lengths, [f"{L}\n{L / blocks[0]:g}x" if len(blocks) == 1 else str(L) for L in lengths],
+                  rotation=0 if len(lengths) < 8 else 45, fontsize=8)
+    ax.xaxis.set_minor_locator(NullLocator())
+    return len(blocks) == 1
+
+
+def curve_colors(n):
+    """n colours that tell n curves apart at a glance: tab20's ten dark shades (tab10's colours), then its
+    light ones (evenly spaced hues would give neighbours two near greens); beyond twenty, such hues."""
+    import matplotlib
+    if n <= 20:
+        tab20 = matplotlib.colormaps['tab20']
+        return [tab20(i) for i in [*range(0, 20, 2), *range(1, 20, 2)][:n]]
+    return [matplotlib.colormaps['hsv'](i / n) for i in range(n)]
+
+
+# -----------------------------------------------------------------------------
 # statistics over seeds
 
 
@@ -704,12 +748,10 @@ def merge_rows(path, saved, rows, key, group, field='runs'):
 def plot_loss_by_position(runs, path):
     """Mean loss against position (log2 axis), one colour per label (seeds share it), training lengths
     marked: where past the training length each model's loss starts to rise."""
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
     labels = list(dict.fromkeys(r['label'] for r in runs if r.get('position_loss')))
     colors = dict(zip(labels, curve_colors(len(labels))))
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    fig, axes = new_figure(1, 1, (7.5, 4.5))
+    ax = axes[0][0]
     seen = set()
     for r in runs:
         pl = r.get('position_loss')
@@ -727,9 +769,7 @@ def plot_loss_by_position(runs, path):
     ax.set_title('Loss by position, longest evaluation length', fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    save_figure(fig, path, 130)
 
 
 def split_pairs(text):
@@ -916,16 +956,6 @@ def write_ppl_results(out, protocol, runs, groups, comparisons, eval_lengths, ma
         plot_ppl(groups, eval_lengths, protocol, os.path.join(out, 'ppl_vs_length.png'))
 
 
-def curve_colors(n):
-    """n colours that tell n curves apart at a glance: tab20's ten dark shades (tab10's colours), then its
-    light ones (evenly spaced hues would give neighbours two near greens); beyond twenty, such hues."""
-    import matplotlib
-    if n <= 20:
-        tab20 = matplotlib.colormaps['tab20']
-        return [tab20(i) for i in [*range(0, 20, 2), *range(1, 20, 2)][:n]]
-    return [matplotlib.colormaps['hsv'](i / n) for i in range(n)]
-
-
 def ppl_ticks(lo, hi):
     """Tick values for a log perplexity axis from lo to hi: a narrow range (as in a zoom) gets evenly
     spaced round numbers, a wide one 1, 2, 5 x 10^k, so that every axis shows a few plain numbers."""
@@ -945,9 +975,6 @@ def plot_ppl(groups, eval_lengths, protocol, path):
     where there are several seeds. When some curves rise far above the others (RoPE past its training
     length), a second panel zooms on those that stay within 2x of the best perplexity, where the
     differences between similar encodings (X against DAPE-X) are. Returns the figure."""
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
     curves = []  # (label, dape, xs, means, stds)
@@ -962,7 +989,7 @@ def plot_ppl(groups, eval_lengths, protocol, path):
                                          if 0 < len(near) < len(curves) else [])
     blocks = sorted({g['block_size'] for g in groups})
 
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8), squeeze=False)
+    fig, axes = new_figure(1, len(panels), (6.5 * len(panels), 4.8))
     # the colour tells the models apart; the line style and marker say which DAPE, if any (X dashed
     # with circles, DAPE V1 solid with squares, V2 dash-dotted with triangles)
     color = dict(zip([c[0] for c in curves], curve_colors(len(curves))))
@@ -977,12 +1004,7 @@ def plot_ppl(groups, eval_lengths, protocol, path):
                 ax.errorbar(xs, ys, yerr=errs, fmt='none', ecolor=color[label], capsize=3)
         for i, b in enumerate(blocks):
             ax.axvline(b, color='grey', linestyle=':', linewidth=1.2, label='training length' if i == 0 else None)
-        ax.set_xscale('log', base=2)
-        ax.xaxis.set_major_locator(FixedLocator(eval_lengths))
-        ax.xaxis.set_minor_locator(NullLocator())
-        # one training length: each length is also read as a multiple of it (1x, 2x, ... 16x)
-        ax.set_xticklabels([f"{L}\n{L / blocks[0]:g}x" if len(blocks) == 1 else str(L) for L in eval_lengths],
-                           rotation=0 if len(eval_lengths) < 8 else 45, fontsize=8)
+        multiples = length_axis(ax, eval_lengths, blocks)
         ax.set_yscale('log')
         # (a std as large as the mean would put the axis at or below 0, where a log axis has nothing)
         values = [v for *_, ys, errs in shown for y, e in zip(ys, errs) for v in (max(y - e, y / 2), y + e)]
@@ -993,17 +1015,14 @@ def plot_ppl(groups, eval_lengths, protocol, path):
             ax.yaxis.set_major_locator(FixedLocator(ppl_ticks(lo / pad, hi * pad)))
             ax.yaxis.set_minor_locator(NullLocator())
             ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.set_xlabel('evaluation length (tokens' + (' and multiple of the training length)' if len(blocks) == 1
-                                                     else ')'))
+        ax.set_xlabel('evaluation length (tokens' + (' and multiple of the training length)' if multiples else ')'))
         ax.set_ylabel('perplexity (log scale)')
         ax.set_title(title, fontsize=10)
         ax.grid(True, which='major', alpha=0.3)
     axes[0][0].legend(fontsize=8)  # the zoom has the same colours; a legend there would hide its curves
     fig.suptitle(f"Perplexity of the last {protocol['eval_tokens']} tokens vs evaluation length "
                  f"({protocol['num_windows']} windows per length; lower is better)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    save_figure(fig, path, 130)
     return fig
 
 
@@ -1149,11 +1168,8 @@ def plot_per_length(cells, task, path, train_max_len, n_runs, how):
     (the mean over its runs, their min..max as a band), the random-guess level dashed; a panel per test
     distribution where the task has several (flip-flop's sparse and dense). n_runs: how many runs each cell has;
     how: what each length's accuracy rests on."""
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
     panels = [None] + list(task.variants)
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels) + 2.5, 4), sharey=True, squeeze=False)
+    fig, axes = new_figure(1, len(panels), (5 * len(panels) + 2.5, 4), sharey=True)
     for ax, v in zip(axes[0], panels):
         ax.axvspan(0.5, train_max_len + 0.5, color='0.92', label='training lengths (ID)')
         for i, (label, cell) in enumerate(cells.items()):
@@ -1180,9 +1196,7 @@ def plot_per_length(cells, task, path, train_max_len, n_runs, how):
     fig.suptitle(f"{'CHE ' if not task.causal else ''}{task.name}: "
                  + (f"mean of {n_runs} runs (band: min..max), legend: max;" if n_runs > 1 else "") + "\n" + how,
                  fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, 120)
 
 
 def max_mean_text(cell, key, several, variant=None):
@@ -1619,12 +1633,8 @@ def plot_groups(panels, lens, path):
     figure as a dot, the legend saying how many seeds learned. A model keeps its colour in every panel, so that two
     roundings read side by side.
     -> {(title, label, metric): [(L, mean, lo, hi)]}: what was drawn (percent for exact match)."""
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
     labels = list(dict.fromkeys(g['label'] for _, groups in panels for g in groups))
-    fig, axes = plt.subplots(len(MEASURES), len(panels), figsize=(5.5 * len(panels) + 1, 8), sharex=True,
-                             sharey='row', squeeze=False)
+    fig, axes = new_figure(len(MEASURES), len(panels), (5.5 * len(panels) + 1, 8), sharex=True, sharey='row')
     drawn = {}
     for j, (title, groups) in enumerate(panels):
         for i, (metric, name) in enumerate(MEASURES.items()):
@@ -1654,23 +1664,17 @@ def plot_groups(panels, lens, path):
                 ax.scatter([L * shift for L, _ in seeds], [v for _, v in seeds], s=12, color=color, alpha=0.6, lw=0)
             if metric == 'logp_mean':
                 ax.axhline(chance_logp_per_digit(), color='gray', ls='--', lw=1, label='chance (a digit, not which)')
-            ax.set_xscale('log', base=2)
-            blocks = {g['block_size'] for g in groups}  # the multiples only where every model has one length
-            ax.set_xticks(lens, [f"{L}\n{L / min(blocks):g}x" if len(blocks) == 1 else str(L) for L in lens], fontsize=8)
-            ax.minorticks_off()
+            multiples = length_axis(ax, lens, [g['block_size'] for g in groups])
             ax.set_title(f"{title}: {name}", fontsize=9)
             ax.legend(fontsize=7)
             if j == 0:
                 ax.set_ylabel('exact match (%)' if metric == 'accuracy' else 'nats per answer token')
             if i == len(MEASURES) - 1:
-                ax.set_xlabel('prompt length (tokens' + (', multiple of the training length)' if len(blocks) == 1 else ')'))
+                ax.set_xlabel('prompt length (tokens' + (', multiple of the training length)' if multiples else ')'))
     axes[0][0].set_ylim(-2, 102)
     fig.suptitle("passkey retrieval over seeds, per length: each seed's mean over depths (dots), their mean (line) "
                  "and its 95% t interval (band)", fontsize=10)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, 110)
     return drawn
 
 
