@@ -3,69 +3,21 @@ What DAPE costs: training step time against the same model without DAPE, the DAP
 dape.py's plain form (the paper's Appendix J), evaluation at long lengths, the GPU path, and the paper's
 Table 1. Prints a table of figures and ratios per section and writes everything to a JSON file.
 
-$ python bench.py                                   # every section at the CPU demo config
+$ python bench.py                                   # train, module, eval, gpu at the CPU demo config
 $ python bench.py --quick                           # a tiny model, a few repeats: under a minute
 $ python bench.py --sections=train --pos=kerple,alibi --repeats=20
 $ python bench.py --sections=train --pos=kerple --dape=none,v1 --attn=softmax,stickbreaking,logn   # vs softmax
 $ python bench.py --size=125m --sections=gpu        # on a GPU: the paper's 125M, bf16, compile on/off
 $ python bench.py --sections=timing                 # Table 1: the paper's 350M, forward + backward
 
-Sections
-- train   one training step (forward + backward + AdamW step) for each pos x dape, all models measured
-          in one run, interleaved (round r runs every model once), after warm-up rounds. Reported: the
-          median step time, and the ratio to the same pos without DAPE, as the median of the per-round
-          ratios (paired rounds cancel slow drifts of a shared machine); vs_ref, the same ratio to
-          --ref_pos (RoPE) with the same dape (`--pos=rope,path,path_fox --dape=none`: PaTH's cost). Two "plain" baselines run in the
-          same rounds: nanoGPT's attention written out (q.k^T * scale + bias, masked_fill, softmax, @ v)
-          and scaled_dot_product_attention with the same float mask, both on the same model. --attn adds
-          the attention variants of ATTN_VARIANTS (stick-breaking, log-length scaling) to every pos x dape,
-          in the same rounds, with vs_softmax: the paired ratio to the same pos and dape with softmax (the
-          ratio and vs_ref then compare models with the same attention variant).
-- module  DAPE V1 and V2 alone on random logits A [batch, H, T, T] and bias [H, T, T], forward +
-          backward: the fast paths (dape_torch.py) against the naive plain form of dape.py (expand the
-          bias over the batch, concatenate, channels-last MLP or convs) with the same weights and inputs. Mode `causal` is what attention does with them (mask, softmax); mode `full` is the
-          module's plain forward, unmasked. The output and every gradient are checked against the naive
-          module run in float64 (`equal`: ours within 1e-4 of it, relative to each tensor's scale (its
-          largest value, at least 1% of the largest of all), except at a 1e-5 fraction of elements at
-          most (LeakyReLU inputs within rounding of 0 can take the other slope), or no more than twice
-          as far from it as the naive module in float32 is;
-          `max_rel_err`: ours, `naive_max_rel_err`: the naive module's own float32 error). `speedup` is
-          the median over interleaved rounds of naive / ours, as the train section's ratios are.
-- eval    evaluation forward (loss on the last 256 tokens) at long lengths, batch 1: time per token
-          and peak memory, with attention blocked over queries (automatic block size) and unblocked
-          (one block) where the unblocked maps fit in --eval_unblocked_max_gb.
-- gpu     the training step at --gpu_size (the paper's 125M) in bf16 autocast for each model of --gpu_models
-          (Kerple; DAPE V1 and V2 through the fused Triton kernel and on whole maps, v1:torch; FoX, DAPE-FoX,
-          PaTH; Kerple with stick-breaking, which runs in PyTorch) at each T x batch of --gpu_shapes, eager
-          and compiled: each model's rounds interleaved with the first model's (the ratio), and its ratio to
-          the same encoding (and attention) without DAPE (vs_base); peak memory; then the evaluation
-          forward at --gpu_eval_lengths; last, the fused kernel's targets. Without CUDA it runs its CPU
-          fallback (tiny model, PyTorch path, compile off unless --gpu_compile_on_cpu) so that the code
-          path is exercised. gpu_check.py runs it, after the GPU tests, as one command.
-- fit     the fused kernels of dape_triton.py compiled, on any machine (Triton's compiler and ptxas), for
-          each architecture of --fit_archs, dtype, V1 / V2 (k = 3), with a bias and without, causal and
-          bidirectional, at the head shape of every config in config/: shared memory per block against the
-          architecture's limit, registers and spills per thread, tensor-core instructions. Writes
-          --fit_out (tests/test_dape_triton.py checks it against the kernels and recompiles a sample) and
-          prints the table of docs/gpu.md. No GPU needed; about 5 s per combination on one CPU core.
-- timing  the paper's Table 1: a fresh model per method (kerple, dape-kerple, dapev2-kerple, ...) at
-          each of --timing_lengths, forward + backward, and each method's total as a ratio to the first
-          method's. Default size: the paper's 350M (24 x 16 x 1024), batch 1.
-
-Peak memory. On CUDA: torch.cuda.max_memory_allocated during the call, above what was allocated before.
-On the CPU PyTorch keeps no such count, so we measure what the OS sees: the process's resident memory
-(RSS), sampled every 0.5 ms by a background thread during the call, combined with the kernel's exact
-high-water mark (ru_maxrss) whenever the call raises it; reported as the peak above the RSS just before
-the call (`peak_mb`, `naive_mb`, `ours_mb`) and as the process's total peak RSS (`rss_peak_mb`). RSS
-only follows the tensors if freed memory goes back to the OS, which glibc does not do for most blocks
-by default (a call would then reuse, unseen, what an earlier one freed): so every memory measurement
-is made after all the timings (the lower of two untimed calls), once glibc has been told (mallopt) to
-give each block of 64 KB or more its own mapping, unmapped when freed. It counts everything the call
-touches (allocator slack, library buffers), so it is an upper bound on the tensors' own size.
-
-Timing uses the wall clock (time.perf_counter); on a shared machine other processes inflate it, so the
-load average before and after is recorded in the JSON. --threads sets torch.set_num_threads (0: the
-default, one per core).
+Sections (docs/benchmark.md says how each figure is measured)
+- train   a training step for each pos x dape (x --attn), interleaved, against the same pos without DAPE
+- module  DAPE V1 and V2 alone, forward + backward: the fast paths against dape.py's plain form, checked equal
+- eval    the evaluation forward at long lengths, batch 1: time per token and peak memory, blocked and unblocked
+- gpu     the training step and evaluation at 125M in bf16, eager and compiled, and the fused kernel's targets
+- fit     the fused kernels compiled for each GPU architecture: shared memory, registers, spills (no GPU needed)
+- timing  the paper's Table 1: forward + backward of a fresh model per method at each length
+- decide  what dape_paths.py's decision on the code costs per call, against a decoding step
 """
 
 import copy
@@ -200,7 +152,7 @@ def rss_bytes():
 
 
 def peak_memory(fn, device):
-    """Run fn() once; return (peak bytes above the start, total peak bytes) (see the docstring)."""
+    """Run fn() once; return (peak bytes above the start, total peak bytes) (docs/benchmark.md says how)."""
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
