@@ -250,17 +250,10 @@ def mb(x):
 
 
 def table(title, rows, cols):
-    """Print rows (dicts) as a fixed-width table of the given columns."""
-    print(f"\n{title}")
-    if not rows:
-        print("  (nothing)")
-        return
+    """Print rows (dicts) under a title as an aligned table of the given columns."""
     fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)
-    cells = [[fmt(r.get(c, "")) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    print("  " + "  ".join(c.rjust(w) for c, w in zip(cols, widths)))
-    for row in cells:
-        print("  " + "  ".join(v.rjust(w) for v, w in zip(row, widths)))
+    print(f"\n{title}")
+    print(format_table(cols, [[fmt(r.get(c, "")) for c in cols] for r in rows]) if rows else "  (nothing)")
 
 
 # -----------------------------------------------------------------------------
@@ -359,16 +352,14 @@ def train_steps(sz, cfg, pos_list, dape_list, device, autocast_dtype=None, compi
     return steps
 
 
-def train_section(cfg, sz, device="cpu", autocast_dtype=None, compile_model=False, plain=True, pos_list=None,
-                  label="train"):
-    pos_list = pos_list or cfg["pos"].split(",")
-    dape_list = cfg["dape"].split(",")
+def train_section(cfg, sz):
+    pos_list, dape_list = cfg["pos"].split(","), cfg["dape"].split(",")
     attn_list = cfg["attn"].split(",")
     unknown = [a for a in attn_list if a not in ATTN_VARIANTS]
     if unknown:
         raise SystemExit(f"--attn: unknown {', '.join(unknown)}; choose from {', '.join(ATTN_VARIANTS)}")
-    steps = train_steps(sz, cfg, pos_list, dape_list, device, autocast_dtype, compile_model, plain, attn_list)
-    times = interleaved(steps, cfg["repeats"], cfg["warmup"], device)
+    steps = train_steps(sz, cfg, pos_list, dape_list, "cpu", attn_list=attn_list)
+    times = interleaved(steps, cfg["repeats"], cfg["warmup"])
     rows = []
     for (p, d, a), ts in times.items():
         base = times.get((p, "none", a))  # ratio: to the same encoding without DAPE, in the same rounds
@@ -381,10 +372,9 @@ def train_section(cfg, sz, device="cpu", autocast_dtype=None, compile_model=Fals
                    ms_all=[round(1e3 * t, 2) for t in ts])
         rows.append(row)
     variants = ["attn", "vs_softmax"] if attn_list != ["softmax"] else []
-    table(f"{label}: step time, {sz} " + (f"autocast {autocast_dtype} " if autocast_dtype else "")
-          + ("compiled" if compile_model else "") + f" (vs_ref: against {cfg['ref_pos']})", rows,
+    table(f"train: step time, {sz} (vs_ref: against {cfg['ref_pos']})", rows,
           ["pos", "dape"] + variants[:1] + ["ms", "ms_min", "ratio", "vs_ref"] + variants[1:])
-    return dict(size=sz, device=device, rows=rows, tokens_per_step=sz["batch_size"] * sz["block_size"])
+    return dict(size=sz, device="cpu", rows=rows, tokens_per_step=sz["batch_size"] * sz["block_size"])
 
 
 def module_section(cfg, sz):
@@ -440,24 +430,24 @@ def module_section(cfg, sz):
                                     cfg["module_repeats"], 1)
                 t_naive, t_ours = statistics.median(times["naive"]), statistics.median(times["ours"])
                 row = dict(module=name, mode=mode, T=T, batch=Bn, naive_ms=1e3 * t_naive, ours_ms=1e3 * t_ours,
-                           speedup=paired_ratio(times["naive"], times["ours"]), equal=bool(equal), max_rel_err=err, naive_max_rel_err=naive_err,
-                           mismatch_frac=mismatch)
+                           speedup=paired_ratio(times["naive"], times["ours"]), equal=bool(equal), max_rel_err=err,
+                           naive_max_rel_err=naive_err, mismatch_frac=mismatch)
                 rows.append(row)
 
-                def store(extra, total, row=row, impl="naive"):
-                    row[f"{impl}_mb"] = mb(extra)
-                    if impl == "ours":
-                        row["mem_ratio"] = extra / max(row["naive_bytes"], 1)
-                    else:
-                        row["naive_bytes"] = extra
-                measure_memory_later(lambda run=run, m=naive: run(m), store)
-                measure_memory_later(lambda run=run, m=ours: run(m), lambda e, t, store=store: store(e, t, impl="ours"))
+                def store_naive(extra, total, row=row):  # (the jobs run in turn: the naive module's first)
+                    row.update(naive_mb=mb(extra), naive_bytes=extra)
+
+                def store_ours(extra, total, row=row):
+                    row.update(ours_mb=mb(extra), mem_ratio=extra / max(row.pop("naive_bytes"), 1))
+                measure_memory_later(functools.partial(run, naive), store_naive)
+                measure_memory_later(functools.partial(run, ours), store_ours)
     return dict(n_head=H, width=D, kernel=k, rows=rows)
 
 
 def print_module(res):
-    table(f"module: DAPE alone, forward + backward, H={res['n_head']} D={res['width']} k={res['kernel']}", res["rows"],
-          ["module", "mode", "T", "batch", "naive_ms", "ours_ms", "speedup", "naive_mb", "ours_mb", "mem_ratio", "equal"])
+    table(f"module: DAPE alone, forward + backward, H={res['n_head']} D={res['width']} k={res['kernel']}",
+          res["rows"], ["module", "mode", "T", "batch", "naive_ms", "ours_ms", "speedup", "naive_mb", "ours_mb",
+                        "mem_ratio", "equal"])
 
 
 def decide_section(cfg, sz):
@@ -509,10 +499,11 @@ def eval_section(cfg, sz):
                 if not blocked and unblocked_gb > cfg["eval_unblocked_max_gb"]:
                     rows.append(dict(row, skipped=f"unblocked maps ~{unblocked_gb:.1f} GB > eval_unblocked_max_gb"))
                     continue
-                for blk in model.transformer.h:
-                    blk.attn.attn_chunk = 0 if blocked else T
 
-                def run(model=model, x=x, y=y, T=T):
+                def run(model=model, x=x, y=y, T=T, chunk=0 if blocked else T):  # (the chunk set at each call:
+                    # memory is measured after the loop, when the other row has set its own)
+                    for blk in model.transformer.h:
+                        blk.attn.attn_chunk = chunk
                     with torch.no_grad():
                         model(x, y, last=min(256, T))
                 ts = interleaved({"eval": run}, cfg["eval_repeats"], 1)["eval"]
@@ -522,12 +513,7 @@ def eval_section(cfg, sz):
 
                 def store(extra, total, row=row):
                     row.update(peak_mb=mb(extra), rss_peak_mb=mb(total))
-
-                def run_blocked(run=run, model=model, chunk=0 if blocked else T):
-                    for blk in model.transformer.h:
-                        blk.attn.attn_chunk = chunk
-                    run()
-                measure_memory_later(run_blocked, store)
+                measure_memory_later(run, store)
     return dict(size=sz, rows=rows)
 
 
@@ -601,15 +587,11 @@ def gpu_section(cfg):
                     ts.setdefault("ref", ts["model"])
                     if device == "cuda":  # compiled and allocated by now: the step alone
                         row["peak_mb"] = mb(peak_memory(fn, device)[1])
+                    row.update(ms=1e3 * statistics.median(ts["model"]), ratio=paired_ratio(ts["model"], ts["ref"]))
                 except torch.OutOfMemoryError:
                     row["skipped"] = "out of memory"
-                    fn = None
-                    torch.cuda.empty_cache()
-                    continue
-                row.update(ms=1e3 * statistics.median(ts["model"]), ratio=paired_ratio(ts["model"], ts["ref"]))
-                del fn
-                if device == "cuda":
-                    torch.cuda.empty_cache()
+                fn = None
+                torch.cuda.empty_cache()  # (nothing to do where CUDA never started)
             del ref_step
     for row in rows:  # to the same encoding (and attention) without DAPE, in the same place
         base = next((r for r in rows if r.get("dape") == "none" and r.get("pos") == row.get("pos") and "ms" in r
@@ -640,8 +622,7 @@ def gpu_section(cfg):
             except torch.OutOfMemoryError:
                 row["skipped"] = "out of memory"
             model = run = None
-            if device == "cuda":
-                torch.cuda.empty_cache()
+            torch.cuda.empty_cache()
     for row in evals:
         base = next((e for e in evals if e["model"] == ref[0] and e["T"] == row["T"] and "ms" in e), None)
         if base is not None and "ms" in row:
@@ -797,9 +778,9 @@ def fit_section(cfg):
     old = {}
     if os.path.exists(cfg["fit_out"]):
         with open(cfg["fit_out"]) as f:
-            table = json.load(f)
-        if table.get("source_hash") == digest:
-            old = {fit_key(e): e for e in table["entries"]}
+            saved = json.load(f)
+        if saved.get("source_hash") == digest:
+            old = {fit_key(e): e for e in saved["entries"]}
     shapes = config_head_shapes()
     entries, t0 = [], time.time()
     todo = []
@@ -825,11 +806,10 @@ def fit_section(cfg):
                   flush=True)
             if (i + 1) % 8 == 0:  # written as it goes: an interrupted run resumes
                 write_fit(cfg["fit_out"], digest, shapes, entries)
-    write_fit(cfg["fit_out"], digest, shapes, entries)
-    print(f"\nfit: {len(entries)} combinations ({time.time() - t0:.0f} s), written to {cfg['fit_out']}\n")
-    for dtypes in ("16-bit", "float32"):
-        print(f"{dtypes}: shared memory per block, forward / backward; spill stores per thread, forward / backward\n"
-              f"{fit_markdown(entries, shapes, dtypes)}\n")
+    saved = write_fit(cfg["fit_out"], digest, shapes, entries)
+    print(f"\nfit: {len(entries)} combinations ({time.time() - t0:.0f} s), written to {cfg['fit_out']}; each cell: "
+          f"shared memory per block, forward / backward; spill stores per thread, forward / backward\n")
+    print(fit_tables(saved))
     return dict(source_hash=digest, entries=entries)
 
 
@@ -854,15 +834,17 @@ def fit_line(e):
 
 
 def write_fit(path, digest, shapes, entries):
+    """Write the fit file (what tests/test_dape_triton.py and docs/gpu.md's tables read); returns what it holds."""
     import dape_triton
     import triton
-    table = dict(source_hash=digest, triton=triton.__version__, shared_kb=dape_triton.SHARED_KB,
-                 shapes={f"{H}x{hs} D={D}": names for (H, hs, D), names in shapes.items()}, entries=entries,
-                 command="python bench.py --sections=fit")
+    fit = dict(source_hash=digest, triton=triton.__version__, shared_kb=dape_triton.SHARED_KB,
+               shapes={f"{H}x{hs} D={D}": names for (H, hs, D), names in shapes.items()}, entries=entries,
+               command="python bench.py --sections=fit")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path + ".tmp", "w") as f:
-        json.dump(table, f, indent=0)
+        json.dump(fit, f, indent=0)
     os.replace(path + ".tmp", path)
+    return fit
 
 
 def fit_markdown(entries, shapes, dtypes="16-bit"):
@@ -902,13 +884,13 @@ def fit_markdown(entries, shapes, dtypes="16-bit"):
     return "\n".join(out)
 
 
-def fit_tables(table):
+def fit_tables(fit):
     """docs/gpu.md's fit tables (16-bit, then float32) from what the fit section wrote."""
     shapes = {}
-    for key, names in table["shapes"].items():  # "12x64 D=32"
+    for key, names in fit["shapes"].items():  # "12x64 D=32"
         heads, width = key.split(" D=")
         shapes[tuple(int(v) for v in heads.split("x")) + (int(width),)] = names
-    return "\n\n".join(f"{dtypes} (Triton {table['triton']}):\n\n{fit_markdown(table['entries'], shapes, dtypes)}"
+    return "\n\n".join(f"{dtypes} (Triton {fit['triton']}):\n\n{fit_markdown(fit['entries'], shapes, dtypes)}"
                        for dtypes in ("16-bit", "float32"))
 
 
@@ -1009,6 +991,12 @@ def command(argv):
     return " ".join(["python bench.py"] + list(args))
 
 
+# the sections, in the order they run: name -> (config, size) -> what the JSON file holds of it
+SECTIONS = {"train": train_section, "module": module_section, "eval": eval_section,
+            "gpu": lambda cfg, sz: gpu_section(cfg), "timing": lambda cfg, sz: timing_section(cfg),
+            "fit": lambda cfg, sz: fit_section(cfg), "decide": decide_section}
+
+
 def main(argv=None):
     cfg = configure(config_defaults(globals()), argv)
     if cfg["tables_from"]:
@@ -1024,10 +1012,9 @@ def main(argv=None):
         torch.set_num_threads(cfg["threads"])
     sz = model_size(cfg["size"], cfg)
     wanted = cfg["sections"].split(",")
-    unknown = set(wanted) - {"train", "module", "eval", "gpu", "timing", "fit", "decide"}
+    unknown = set(wanted) - set(SECTIONS)
     if unknown:
-        raise SystemExit(f"unknown section(s) {sorted(unknown)}: choose from train, module, eval, gpu, timing, fit, "
-                         f"decide")
+        raise SystemExit(f"unknown section(s) {sorted(unknown)}: choose from {', '.join(SECTIONS)}")
     res = dict(meta=dict(torch=torch.__version__, python=platform.python_version(), threads=torch.get_num_threads(),
                          cpu=cpu_name(), cuda=torch.cuda.is_available(), command=command(argv),
                          loadavg_start=os.getloadavg(), started=time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -1035,23 +1022,10 @@ def main(argv=None):
                          machine=machine_text("cuda" if torch.cuda.is_available() else "cpu")))
     print(f"bench: torch {torch.__version__}, {torch.get_num_threads()} threads, size {sz}, load {os.getloadavg()}")
     t0 = time.time()
-    if "train" in wanted:
-        res["train"] = train_section(cfg, sz)
-    if "module" in wanted:
-        res["module"] = module_section(cfg, sz)
-    if "eval" in wanted:
-        res["eval"] = eval_section(cfg, sz)
-    if "gpu" in wanted:
-        res["gpu"] = gpu_section(cfg)
-    if "timing" in wanted:
-        res["timing"] = timing_section(cfg)
-    if "fit" in wanted:
-        res["fit"] = fit_section(cfg)
-    if "decide" in wanted:
-        res["decide"] = decide_section(cfg, sz)
+    for name, section in SECTIONS.items():
+        if name in wanted:
+            res[name] = section(cfg, sz)
     res["meta"]["memory_returned_to_os"] = run_memory_jobs()
-    for row in res.get("module", {}).get("rows", []):
-        row.pop("naive_bytes", None)
     if "module" in res:
         print_module(res["module"])
     if "eval" in res:
