@@ -407,6 +407,23 @@ def p_text(p):
     return '< 0.001' if p < 0.001 else f"{p:.2g}"
 
 
+def exact_holm_text(c):
+    """'exact 0.031, Holm 0.12': a compare_means result's exact p and its Holm adjustment (holm_over)."""
+    return f"exact {p_text(c['p_exact'])}, Holm {p_text(c['p_holm'])}"
+
+
+# what the learned column of a comparison tests, in the captions of both scripts' tables over seeds
+SHARES_TEST = ("the exact p of the difference between the shares of seeds that learned (the same permutation test on "
+               "each seed's 1, learned, or 0: a conditional test like Fisher's, two-sided by doubling the smaller tail) "
+               "and its Holm adjustment")
+
+
+def shares_text(counts, c=None):
+    """The learned cell of a comparison, counts (learned, seeds, learned, seeds): '2 of 3 vs 3 of 3', followed by
+    the test of the two shares (c, SHARES_TEST) where it has one: ', exact 1, Holm 1'."""
+    return "{} of {} vs {} of {}".format(*counts) + (f", {exact_holm_text(c)}" if c and c['status'] == 'ok' else '')
+
+
 def interval_text(bounded, level=0.95, bounds=(0, 100)):
     """What a table's interval is, for its caption: Welch's t interval, and for bounded values (compare_means
     with bounds) that it is cut to the possible range of a difference; bounds: the values' range as the table
@@ -881,16 +898,10 @@ def ppl_run_table(runs, eval_lengths, markdown=False):
 def pvalue_table(comparisons, eval_lengths, markdown=False):
     """Per pair and length: Welch's p, and in brackets the exact p and its Holm adjustment (holm_table); then
     the caption (tests_caption) and the pairs trained unequally."""
-    header = ['DAPE-X vs X'] + [str(L) for L in eval_lengths]
-    rows = []
-    for c in comparisons:
-        row = [f"{c['label']} vs {c['baseline']}" + (' (!)' if c.get('unequal_training') else '')]
-        for L in eval_lengths:
-            s = c['p_value'][L]
-            row.append(s['status'] if s['status'] != 'ok' else
-                       f"{s['p']:.3g} (exact {p_text(s['p_exact'])}, Holm {p_text(s['p_holm'])})")
-        rows.append(row)
-    table = format_table(header, rows, markdown)
+    pair = lambda c: f"{c['label']} vs {c['baseline']}" + (' (!)' if c.get('unequal_training') else '')
+    cell = lambda s: s['status'] if s['status'] != 'ok' else f"{s['p']:.3g} ({exact_holm_text(s)})"
+    table = length_table(comparisons, eval_lengths, [('DAPE-X vs X', pair)], lambda c, L: cell(c['p_value'][L]),
+                         markdown)
     caption = tests_caption([c['p_value'][L] for c in comparisons for L in eval_lengths])
     if caption:
         table += '\n\n' + caption
@@ -1218,13 +1229,10 @@ def paper_table(tasks):
 def summary_table(cells, tasks, columns):
     """A row per (task, encoding): ID and OOD accuracy (max and mean over runs), the final training
     accuracy, and the paper's figure where Table 2 has one."""
-    lines = ['| Task | Encoding | Random | ID max | ID mean | OOD max | OOD mean | final train acc (mean) | '
-             'runs | Paper (OOD) |', '| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |']
-    variants = {v for t in tasks for v in TASKS[t].variants}
-    if variants:  # columns for the other test distributions of some tasks
-        names = sorted(variants)
-        lines = [lines[0][:-len(' Paper (OOD) |')] + ''.join(f' OOD {v} max | OOD {v} mean |' for v in names)
-                 + ' Paper (OOD) |', lines[1] + ' --- | --- |' * len(names)]
+    variants = sorted({v for t in tasks for v in TASKS[t].variants})  # the other test distributions of some tasks
+    header = (['Task', 'Encoding', 'Random', 'ID max', 'ID mean', 'OOD max', 'OOD mean', 'final train acc (mean)',
+               'runs'] + [f"OOD {v} {stat}" for v in variants for stat in ('max', 'mean')] + ['Paper (OOD)'])
+    rows = []
     for t in tasks:
         for p, d in columns:
             c = cells.get((t, p, d))
@@ -1232,13 +1240,13 @@ def summary_table(cells, tasks, columns):
                 continue
             paper = PAPER_TABLE2.get(t)
             k = PAPER_TABLE2_COLUMNS.index((p, d)) if (p, d) in PAPER_TABLE2_COLUMNS else None
-            lines.append(f"| {t} | {c['encoding']} | {c['random_baseline']:.0f} | {_fmt(c['id_score'])} | "
-                         f"{_fmt(c['id_score_mean'])} | {_fmt(c['score'])} | {_fmt(c['score_mean'])} | "
-                         f"{_fmt(c['final_train_acc_mean'])} | {c['n_runs']} | "
-                         + ''.join(f"{_fmt(c['variants'][v]['score'])} | {_fmt(c['variants'][v]['score_mean'])} | "
-                                   if v in c.get('variants', {}) else '- | - | ' for v in sorted(variants))
-                         + f"{f'{paper[k]:.2f}' if paper and k is not None else '-'} |")
-    return '\n'.join(lines)
+            own = ('id_score', 'id_score_mean', 'score', 'score_mean', 'final_train_acc_mean')
+            rows.append([t, c['encoding'], f"{c['random_baseline']:.0f}"] + [_fmt(c[key]) for key in own]
+                        + [str(c['n_runs'])]
+                        + [_fmt(c['variants'][v][key]) if v in c.get('variants', {}) else '-'
+                           for v in variants for key in ('score', 'score_mean')]
+                        + [f'{paper[k]:.2f}' if paper and k is not None else '-'])
+    return format_table(header, rows, True)
 
 
 def task_family(task):
@@ -1348,12 +1356,10 @@ def seed_comparisons(rows):
     return out
 
 
-def share_cell(runs, base, threshold, c, sep=', '):
-    """The learned cell of a comparison row: '2 of 3 vs 3 of 3, exact 1, Holm 1' (the shares' test, c; the
-    test-retest's sep ': ')."""
+def share_cell(runs, base, threshold, c=None):
+    """The learned cell of a comparison row of runs against base (shares_text), c the test of the two shares."""
     k = lambda rs: sum(is_learned(r, threshold) for r in rs)
-    text = f"{k(runs)} of {len(runs)} vs {k(base)} of {len(base)}"
-    return text + (f"{sep}exact {p_text(c['p_exact'])}, Holm {p_text(c['p_holm'])}" if c['status'] == 'ok' else '')
+    return shares_text([k(runs), len(runs), k(base), len(base)], c)
 
 
 def seeds_table(cells, tasks, columns, cfg):
@@ -1368,51 +1374,48 @@ def seeds_table(cells, tasks, columns, cfg):
     several_rates = len(parse_learning_rates(cfg)) > 1
     rows = seed_rows(cells, tasks, columns, cfg)
     variants = sorted({v for t in tasks for v in TASKS[t].variants})
-    lr_head = ' lr |' if several_rates else ''
-    lines = ['| Task | Encoding |' + lr_head + ' Random | learned [95% interval] | ID | ID per seed | OOD (learned seeds) | '
-             'OOD per seed |' + ''.join(f' OOD {v} (learned seeds) |' for v in variants)]
-    lines.append('|' + ' --- |' * (lines[0].count('|') - 1))
+    lr = lambda lr: [f"{lr:g}"] * several_rates  # a learning rate column where the table has several
     fig = lambda v: 'n/s' if v is None else f"{v:.1f}"
-    by_key = {}
-    for t, p, d, lr, runs, threshold in rows:
-        by_key[(t, p, d, lr)] = (runs, threshold)
+    table, by_key = [], {}
+    for t, p, d, rate, runs, threshold in rows:
+        by_key[(t, p, d, rate)] = (runs, threshold)
         learned = [r for r in runs if is_learned(r, threshold)]
         per_seed = ', '.join(fig(r['score']) if is_learned(r, threshold) else f"({fig(r['score'])})" for r in runs)
-        lines.append(f"| {t} | {encoding_label(p, d)} |" + (f" {lr:g} |" if several_rates else '')
-                     + f" {100 * TASKS[t].random_baseline:.0f} | {k_of_n_text(len(learned), len(runs))} | "
-                     f"{_mean_ci_text([r['id_score'] for r in runs])} | {', '.join(fig(r['id_score']) for r in runs)} | "
-                     f"{_mean_ci_text([r['score'] for r in learned])} | {per_seed} |"
-                     + ''.join(f" {_mean_ci_text([r['variants'][v]['score'] for r in learned])} |"
-                               if v in TASKS[t].variants else ' - |' for v in variants))
+        table.append([t, encoding_label(p, d)] + lr(rate)
+                     + [f"{100 * TASKS[t].random_baseline:.0f}", k_of_n_text(len(learned), len(runs)),
+                        _mean_ci_text([r['id_score'] for r in runs]), ', '.join(fig(r['id_score']) for r in runs),
+                        _mean_ci_text([r['score'] for r in learned]), per_seed]
+                     + [_mean_ci_text([r['variants'][v]['score'] for r in learned]) if v in TASKS[t].variants else '-'
+                        for v in variants])
+    text = [format_table(['Task', 'Encoding'] + ['lr'] * several_rates + ['Random', 'learned [95% interval]', 'ID',
+                                                                          'ID per seed', 'OOD (learned seeds)',
+                                                                          'OOD per seed']
+                         + [f"OOD {v} (learned seeds)" for v in variants], table, True)]
     compared = seed_comparisons(rows)
     if compared:
-        lines += ['', '| Task | DAPE-X vs X |' + lr_head + ' learned |'
-                  + ''.join(f' {what} difference, {seeds} seeds [95% interval] | Welch p | exact p | Holm p |'
-                            for what, seeds in (('OOD', 'learned'), ('OOD', 'all'), ('ID', 'all')))]
-        lines.append('|' + ' --- |' * (lines[-1].count('|') - 1))
-    for key, base_key, cs in compared:
-        (runs, threshold), (base, _) = by_key[key], by_key[base_key]
-        t, p, d, lr = key
-        lines.append(f"| {t} | {encoding_label(p, d)} vs {encoding_label(p, base_key[2])} |"
-                     + (f" {lr:g} |" if several_rates else '')
-                     + f" {share_cell(runs, base, threshold, cs[3])} | "
-                     + ' | '.join(cell for c in cs[:3] for cell in _difference_cells(c)) + ' |')
+        table = []
+        for (t, p, d, rate), base_key, cs in compared:
+            (runs, threshold), (base, _) = by_key[(t, p, d, rate)], by_key[base_key]
+            table.append([t, f"{encoding_label(p, d)} vs {encoding_label(p, base_key[2])}"] + lr(rate)
+                         + [share_cell(runs, base, threshold, cs[3])]
+                         + [x for c in cs[:3] for x in _difference_cells(c)])
+        text.append(format_table(['Task', 'DAPE-X vs X'] + ['lr'] * several_rates + ['learned']
+                                 + [h for what, seeds in (('OOD', 'learned'), ('OOD', 'all'), ('ID', 'all'))
+                                    for h in (f"{what} difference, {seeds} seeds [95% interval]", 'Welch p', 'exact p',
+                                              'Holm p')], table, True))
     seeds = sorted({r['seed'] for *_, runs, _ in rows for r in runs})
     thresholds = [f"{learned_threshold(TASKS[t], cfg):.4g}% for {t}" for t in tasks]
-    lines += ['', f"Accuracy (%) over seeds {','.join(map(str, seeds))}: {MEAN_CI_TEXT}; per seed in "
-                  f"seed order. learned: ID accuracy at least {cfg['learned_frac']:g} of the way from chance to 100% "
-                  f"({', '.join(thresholds)}; {learned_rule_text(tasks, cfg)}), with the exact (Clopper-Pearson) "
-                  f"95% interval of the share of seeds. ID over every seed; OOD over the "
-                  f"seeds that learned the task (in brackets, those that did not). Differences: DAPE-X's mean minus "
-                  f"X's with its {interval_text(bounded=True)}; n/a: fewer than two seeds a side. n/s: not servable "
-                  f"at the test lengths."
-                  + (" In the learned column of a comparison, the exact p of the difference between the shares of seeds "
-                     "that learned (the same permutation test on each seed's 1, learned, or 0: a conditional test like "
-                     "Fisher's, two-sided by doubling the smaller tail) and its Holm adjustment." if compared else '')]
-    caption = tests_caption([c for *_, cs in compared for c in cs])
-    if caption:
-        lines[-1] += ' ' + caption
-    return '\n'.join(lines)
+    caption = [f"Accuracy (%) over seeds {','.join(map(str, seeds))}: {MEAN_CI_TEXT}; per seed in seed order. "
+               f"learned: ID accuracy at least {cfg['learned_frac']:g} of the way from chance to 100% "
+               f"({', '.join(thresholds)}; {learned_rule_text(tasks, cfg)}), with the exact (Clopper-Pearson) 95% "
+               f"interval of the share of seeds. ID over every seed; OOD over the seeds that learned the task (in "
+               f"brackets, those that did not). Differences: DAPE-X's mean minus X's with its "
+               f"{interval_text(bounded=True)}; n/a: fewer than two seeds a side. n/s: not servable at the test "
+               f"lengths."]
+    if compared:
+        caption.append(f"In the learned column of a comparison, {SHARES_TEST}.")
+    caption.append(tests_caption([c for *_, cs in compared for c in cs]))
+    return '\n\n'.join(text + [' '.join(x for x in caption if x)])
 
 
 def per_length(run):
@@ -1453,24 +1456,18 @@ def length_tables(cells, tasks, columns, cfg):
             continue
         compared, lengths = length_comparisons(task_rows)
         seeds = sorted({x['seed'] for r in task_rows for x in r[4] if per_length(x)})  # those the figures are over
-        lines = [f"| {t}: N | " + ' | '.join(label(*r[:4]) for r in task_rows) + ' |',
-                 '|' + ' --- |' * (len(task_rows) + 1)]
         curves = [[per_length(x) for x in r[4]] for r in task_rows]
-        for N in lengths:
-            lines.append(f"| {N} | " + ' | '.join(_mean_ci_text([c[N] for c in cs if N in c]) for cs in curves) + ' |')
-        lines += ['', f"OOD accuracy (%) per test length N over every seed ({','.join(map(str, seeds))}), "
-                      f"whether or not it learned the task: {MEAN_CI_TEXT}; random "
-                      f"{100 * TASKS[t].random_baseline:.0f}%."]
+        out += [format_table([f"{t}: N"] + [label(*r[:4]) for r in task_rows],
+                             [[str(N)] + [_mean_ci_text([c[N] for c in cs if N in c]) for cs in curves] for N in lengths],
+                             True),
+                f"OOD accuracy (%) per test length N over every seed ({','.join(map(str, seeds))}), whether or not it "
+                f"learned the task: {MEAN_CI_TEXT}; random {100 * TASKS[t].random_baseline:.0f}%."]
         if compared:
-            lines += ['', f"| {t}: DAPE-X minus X | N | difference [95% interval] | Welch p | exact p | Holm p |",
-                      '|' + ' --- |' * 6]
-            for k, b, cs in compared:
-                lines += [f"| {label(*k)} minus {label(*b)} | {N} | " + ' | '.join(_difference_cells(cs[N])) + ' |'
-                          for N in lengths]
-            lines += ['', f"Differences of the means at each length, over every seed, with the "
-                          f"{interval_text(bounded=True)}. "
-                          + tests_caption([c for *_, cs in compared for c in cs.values()])]
-        out.append('\n'.join(lines))
+            out += [format_table([f"{t}: DAPE-X minus X", 'N', 'difference [95% interval]', 'Welch p', 'exact p',
+                                  'Holm p'], [[f"{label(*k)} minus {label(*b)}", str(N)] + _difference_cells(cs[N])
+                                              for k, b, cs in compared for N in lengths], True),
+                    f"Differences of the means at each length, over every seed, with the {interval_text(bounded=True)}. "
+                    + tests_caption([c for *_, cs in compared for c in cs.values()])]
     return '\n\n'.join(out)
 
 
@@ -1561,7 +1558,7 @@ def retest_tables(cells_a, cells_b, tasks, columns, cfg):
     def tests(rows):  # a side's comparisons as its own table computes them
         by_key = {(t, p, d, lr): (rs, threshold) for t, p, d, lr, rs, threshold in rows}
         return [(k, base, [[cs[1]], [cs[2]], [dict(cs[3], shares=share_cell(by_key[k][0], by_key[base][0],
-                                                                            by_key[k][1], {'status': None}))]])
+                                                                            by_key[k][1]))]])
                 for k, base, cs in seed_comparisons(rows)]
     comparisons = [(f"{label(*k)} vs {label(*base)}", m, x, y)
                    for (k, base, ta), (_, _, tb) in zip(tests(rows_a), tests(rows_b))
@@ -1797,9 +1794,7 @@ def comparison_caption(comparisons, lens):
     metric = comparisons[0]['metric']
     what = ("exact match in percentage points" if metric == 'accuracy' else
             "log-likelihood per answer token in nats (higher: the answer more likely)")
-    share = ("; in the learned column of the row 'all', the exact p of the difference between the shares of seeds "
-             "that learned (the same permutation test on each seed's 1, learned, or 0: a conditional test like "
-             "Fisher's, two-sided by doubling the smaller tail) and its Holm adjustment" if metric == 'accuracy' else '')
+    share = f"; in the learned column of the row 'all', {SHARES_TEST}" if metric == 'accuracy' else ''
     return (f"DAPE-X minus X, {what}: the difference of the means ["
             + interval_text(bounded=DIFFERENCE_BOUNDS[metric] is not None) + "], Welch's two-sided p, the exact p and its Holm "
             "adjustment, over the seeds that learned retrieval at the training length (learned) and over every seed "
@@ -1815,19 +1810,14 @@ def comparison_table(comparisons, lens, markdown=False):
             return c['status']
         scale, fmt = (100, '{:+.0f}') if metric == 'accuracy' else (1, '{:+.2f}')
         d = dict(c, diff=scale * c['diff'], ci=[scale * x for x in c['ci']])
-        return (f"{difference_text(d, fmt)}, p {p_text(c['p'])}, exact {p_text(c['p_exact'])}, "
-                f"Holm {p_text(c['p_holm'])}")
-    header = ['DAPE-X minus X', 'seeds', 'learned'] + [str(L) for L in lens]
+        return f"{difference_text(d, fmt)}, p {p_text(c['p'])}, {exact_holm_text(c)}"
     rows = []
     for c in comparisons:
-        ka, na, kb, nb = c['learned']
-        share = c.get('learned_share', {'status': None})
         for which, name in (('learned_seeds', 'learned'), ('all_seeds', 'all')):
-            test = (f", exact {p_text(share['p_exact'])}, Holm {p_text(share['p_holm'])}"
-                    if which == 'all_seeds' and share['status'] == 'ok' else '')
-            rows.append([f"{c['label']} - {c['baseline']}", name, f"{ka} of {na} vs {kb} of {nb}{test}"]
+            share = c.get('learned_share') if which == 'all_seeds' else None  # its test, in the row of every seed
+            rows.append([f"{c['label']} - {c['baseline']}", name, shares_text(c['learned'], share)]
                         + [cell(c[which][L], c['metric']) for L in lens])
-    return format_table(header, rows, markdown)
+    return format_table(['DAPE-X minus X', 'seeds', 'learned'] + [str(L) for L in lens], rows, markdown)
 
 
 def seed_tables(protocol, rows, lens, markdown=True):
@@ -1903,7 +1893,7 @@ def passkey_retest_tables(protocol, rows_a, rows_b, lens):
             name = f"{ca['label']} vs {ca['baseline']}"
             comparisons.append((name, f"{measure}, every seed", *([c['all_seeds'][L] for L in lens] for c in (ca, cb))))
             if 'learned_share' in ca:
-                shares = lambda c: dict(c['learned_share'], shares="{} of {} vs {} of {}".format(*c['learned']))
+                shares = lambda c: dict(c['learned_share'], shares=shares_text(c['learned']))
                 comparisons.append((name, 'share of seeds that learned', [shares(ca)], [shares(cb)]))
     return retest(retest_sides([(x.get('machine'), y.get('machine')) for x, y in zip(ra, rb)]), runs, comparisons,
                   f"its exact match (%), the mean over the lengths both sides have; {learned_text(protocol['learned_exact'])}",
