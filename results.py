@@ -197,24 +197,31 @@ def welch_ttest(a, b):
     return float(t), float(df), float(min(1.0, p))
 
 
+def bisect(below, lo, hi, rtol=0.0, atol=0.0):
+    """The x in [lo, hi] where below(x), true at lo and false at hi, turns false, by bisection until the
+    bracket is within rtol * hi + atol (the quantiles' search: betainc has no inverse)."""
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if below(mid):
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= rtol * hi + atol:
+            break
+    return (lo + hi) / 2
+
+
 def t_quantile(p, df):
     """The t distribution's quantile: t with P(T <= t) = p, for df > 0 degrees of freedom (fractional
     df as Welch-Satterthwaite gives), by bisection on the tail that betainc computes."""
     if not 0.0 < p < 1.0 or not df > 0:
         raise ValueError(f"t_quantile needs 0 < p < 1 and df > 0, got p={p}, df={df}")
     tail = 2 * min(p, 1 - p)  # two-sided tail beyond |t|
-    lo, hi = 0.0, 1.0
-    while betainc(df / 2.0, 0.5, df / (df + hi * hi)) > tail:
+    beyond = lambda t: betainc(df / 2.0, 0.5, df / (df + t * t)) > tail
+    hi = 1.0
+    while beyond(hi):
         hi *= 2
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        if betainc(df / 2.0, 0.5, df / (df + mid * mid)) > tail:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo <= 1e-12 * hi:
-            break
-    t = (lo + hi) / 2
+    t = bisect(beyond, 0.0, hi, rtol=1e-12)
     return t if p >= 0.5 else -t
 
 
@@ -248,16 +255,7 @@ def mean_ci_text(values, bounds=None, fmt='{:.1f}', unit=''):
 
 def beta_quantile(q, a, b):
     """x with I_x(a, b) = q, by bisection on betainc (monotone in x)."""
-    lo, hi = 0.0, 1.0
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        if betainc(a, b, mid) < q:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo <= 1e-15:
-            break
-    return (lo + hi) / 2
+    return bisect(lambda x: betainc(a, b, x) < q, 0.0, 1.0, atol=1e-15)
 
 
 def binomial_ci(k, n, level=0.95):
@@ -1148,21 +1146,16 @@ def encoding_label(pos, dape):
 def summarize(runs):
     """The paper's statistic over a cell's runs, the max (of the extrapolation score, and separately of
     the ID accuracy), with the mean beside it. None where any run could not be served."""
-    def stats(key):
-        values = [r.get(key) for r in runs]
-        if not values or any(v is None for v in values):
-            return None, None
-        return float(max(values)), float(np.mean(values))
+    def stats(key, values):
+        if not values or None in values:
+            return {key: None, key + '_mean': None}
+        return {key: float(max(values)), key + '_mean': float(np.mean(values))}
     out = {}
-    out['score'], out['score_mean'] = stats('score')
-    out['id_score'], out['id_score_mean'] = stats('id_score')
-    out['final_train_acc'], out['final_train_acc_mean'] = stats('final_train_acc')
-    variants = runs[0].get('variants', {}) if runs else {}
-    out['variants'] = {}
-    for v in variants:  # a task's other test distributions, as its OOD score
-        scores = [r['variants'][v]['score'] for r in runs]
-        out['variants'][v] = ({'score': None, 'score_mean': None} if any(x is None for x in scores) else
-                              {'score': float(max(scores)), 'score_mean': float(np.mean(scores))})
+    for key in ('score', 'id_score', 'final_train_acc'):
+        out.update(stats(key, [r.get(key) for r in runs]))
+    # a task's other test distributions, each its OOD score
+    out['variants'] = {v: stats('score', [r['variants'][v]['score'] for r in runs])
+                       for v in (runs[0].get('variants', {}) if runs else {})}
     if out['score'] is not None:  # the run the max picks, and what it learned in distribution
         best = max(runs, key=lambda r: r['score'])
         out['best_run'] = {'seed': best['seed'], 'learning_rate': best['learning_rate'],
@@ -1226,6 +1219,11 @@ def paper_table(tasks):
                         [[t] + [f'{v:.2f}' for v in PAPER_TABLE2[t]] for t in tasks if t in PAPER_TABLE2], True)
 
 
+def cells_of(cells, t, columns):
+    """Task t's cells in column order, [(pos, dape, cell)], leaving out those that did not run ('err' cells)."""
+    return [(p, d, cells[(t, p, d)]) for p, d in columns if 'runs' in (cells.get((t, p, d)) or {})]
+
+
 def summary_table(cells, tasks, columns):
     """A row per (task, encoding): ID and OOD accuracy (max and mean over runs), the final training
     accuracy, and the paper's figure where Table 2 has one."""
@@ -1234,10 +1232,7 @@ def summary_table(cells, tasks, columns):
                'runs'] + [f"OOD {v} {stat}" for v in variants for stat in ('max', 'mean')] + ['Paper (OOD)'])
     rows = []
     for t in tasks:
-        for p, d in columns:
-            c = cells.get((t, p, d))
-            if c is None or 'runs' not in c:
-                continue
+        for p, d, c in cells_of(cells, t, columns):
             paper = PAPER_TABLE2.get(t)
             k = PAPER_TABLE2_COLUMNS.index((p, d)) if (p, d) in PAPER_TABLE2_COLUMNS else None
             own = ('id_score', 'id_score_mean', 'score', 'score_mean', 'final_train_acc_mean')
@@ -1321,10 +1316,7 @@ def seed_rows(cells, tasks, columns, cfg):
     out = []
     for t in tasks:
         for lr in parse_learning_rates(cfg):
-            for p, d in columns:
-                c = cells.get((t, p, d))
-                if c is None or 'runs' not in c:
-                    continue
+            for p, d, c in cells_of(cells, t, columns):
                 runs = sorted((r for r in c['runs'] if r['learning_rate'] == lr), key=lambda r: r['seed'])
                 if runs:
                     out.append((t, p, d, lr, runs, learned_threshold(TASKS[t], cfg)))
