@@ -100,7 +100,7 @@ fit_dtypes = "bfloat16,float16,float32"
 fit_out = "docs/results/kernel_fit.json"  # the table the fit test reads; entries of the same kernels are reused
 fit_jobs = 1  # compiler processes at once (one per CPU core)
 decide_context = 512  # decide section: the cached tokens of the decoding step
-tables_from = ""  # a file --out wrote (docs/benchmark.md's tables) or a fit file (docs/gpu.md's): print them, run nothing
+tables_from = ""  # an --out file (docs/benchmark.md's tables) or a fit file (docs/gpu.md's): print them, run nothing
 threads = 0  # torch.set_num_threads; 0: PyTorch's default
 seed = 0
 out = "results/bench.json"
@@ -133,13 +133,10 @@ def model_size(name, cfg=None):
         exec(open(path).read(), {"__file__": path}, found)  # __file__, as configurator.py gives it
         sz = {k: found[k] for k in SIZE_KEYS}
     elif name in SIZES:
-        sz = dict(SIZES[name])
+        sz = SIZES[name]
     else:
         raise ValueError(f"size={name!r}: choose {', '.join(list(CONFIG_SIZES) + list(SIZES))}")
-    for k in sz:
-        if cfg is not None and cfg.get(k) is not None:
-            sz[k] = cfg[k]
-    return sz
+    return {k: v if cfg is None or cfg.get(k) is None else cfg[k] for k, v in sz.items()}
 
 
 # -----------------------------------------------------------------------------
@@ -161,8 +158,7 @@ def peak_memory(fn, device):
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated()
         return peak - start, peak
-    linux = os.path.exists("/proc/self/statm")
-    if not linux:  # no way to sample: the high-water mark alone
+    if not os.path.exists("/proc/self/statm"):  # not Linux, no way to sample: the high-water mark alone
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         fn()
         after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -192,10 +188,6 @@ def peak_memory(fn, device):
 MEMORY_JOBS = []  # (fn, store): peak-memory measurements, made after all timings (run_memory_jobs)
 
 
-def measure_memory_later(fn, store):
-    MEMORY_JOBS.append((fn, store))
-
-
 def return_freed_memory_to_os():
     """Ask glibc to map every block of 64 KB or more on its own and unmap it when freed, and to trim
     the heap's free top beyond 128 KB, so that the RSS follows the live memory. False where not glibc."""
@@ -221,21 +213,17 @@ def run_memory_jobs():
     return released
 
 
-def sync(device):
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 def interleaved(fns, rounds, warm, device="cpu"):
     """Time each of fns (name -> callable) once per round, in turn; returns name -> list of seconds
     of the measured rounds."""
+    sync = torch.cuda.synchronize if device == "cuda" else lambda: None
     times = {name: [] for name in fns}
     for r in range(warm + rounds):
         for name, fn in fns.items():
-            sync(device)
+            sync()
             t0 = time.perf_counter()
             fn()
-            sync(device)
+            sync()
             if r >= warm:
                 times[name].append(time.perf_counter() - t0)
     return times
@@ -321,35 +309,24 @@ def new_model(sz, cfg, pos_name, dape_name, device="cpu", attn_name="softmax", *
     return model.to(device)
 
 
-def train_steps(sz, cfg, pos_list, dape_list, device, autocast_dtype=None, compile_model=False, plain=True,
-                attn_list=("softmax",)):
-    """(pos, dape, attn) -> (step callable) for every pos x dape x attention variant (+ plain baselines)."""
+def random_batch(cfg, sz, device="cpu"):
+    """Inputs and targets of the size's batch and length, drawn from --seed."""
     torch.manual_seed(cfg["seed"])
-    B, T = sz["batch_size"], sz["block_size"]
-    x = torch.randint(0, cfg["vocab_size"], (B, T), device=device)
-    y = torch.randint(0, cfg["vocab_size"], (B, T), device=device)
-    steps = {}
+    return [torch.randint(0, cfg["vocab_size"], (sz["batch_size"], sz["block_size"]), device=device) for _ in range(2)]
 
-    def make_step(model):
-        opt = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device)
-        run = torch.compile(model) if compile_model else model
 
-        def step():
-            with torch.autocast(device_type=device, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                _, loss = run(x, y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-        return step
-    for p in pos_list:
-        for a in attn_list:
-            for d in dape_list:
-                steps[(p, d, a)] = make_step(new_model(sz, cfg, p, d, device, a))
-        PE = ENCODINGS[p]
-        if plain and not (PE.contextual or PE.needs_content or PE.reads_input):  # baselines: positional bias or none
-            for name, sdpa in (("plain-manual", False), ("plain-sdpa", True)):
-                steps[(p, name, "softmax")] = make_step(make_plain(new_model(sz, cfg, p, "none", device), sdpa))
-    return steps
+def train_step(model, x, y, device="cpu", autocast_dtype=None, compile_model=False):
+    """A training step of model on the batch x, y as a callable: forward (in autocast_dtype), backward, AdamW."""
+    opt = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device)
+    run = torch.compile(model) if compile_model else model
+
+    def step():
+        with torch.autocast(device_type=device, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            _, loss = run(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return step
 
 
 def train_section(cfg, sz):
@@ -358,19 +335,27 @@ def train_section(cfg, sz):
     unknown = [a for a in attn_list if a not in ATTN_VARIANTS]
     if unknown:
         raise SystemExit(f"--attn: unknown {', '.join(unknown)}; choose from {', '.join(ATTN_VARIANTS)}")
-    steps = train_steps(sz, cfg, pos_list, dape_list, "cpu", attn_list=attn_list)
+    x, y = random_batch(cfg, sz)
+    steps = {}  # (pos, dape, attn) -> step, for every pos x dape x attention variant, and the plain baselines
+    for p in pos_list:
+        for a in attn_list:
+            for d in dape_list:
+                steps[(p, d, a)] = train_step(new_model(sz, cfg, p, d, attn_name=a), x, y)
+        PE = ENCODINGS[p]
+        if not (PE.contextual or PE.needs_content or PE.reads_input):  # baselines: positional bias or none
+            for name, sdpa in (("plain-manual", False), ("plain-sdpa", True)):
+                steps[(p, name, "softmax")] = train_step(make_plain(new_model(sz, cfg, p, "none"), sdpa), x, y)
     times = interleaved(steps, cfg["repeats"], cfg["warmup"])
     rows = []
     for (p, d, a), ts in times.items():
         base = times.get((p, "none", a))  # ratio: to the same encoding without DAPE, in the same rounds
         ref = times.get((cfg["ref_pos"], d, a))  # and to the reference encoding with the same DAPE
         soft = times.get((p, d, "softmax"))  # and to the same model with softmax attention
-        row = dict(pos=p, dape=d, attn=a, ms=1e3 * statistics.median(ts), ms_min=1e3 * min(ts),
-                   ratio=paired_ratio(ts, base) if base else None,
-                   vs_ref=paired_ratio(ts, ref) if ref and p != cfg["ref_pos"] else None,
-                   vs_softmax=paired_ratio(ts, soft) if soft and a != "softmax" else None,
-                   ms_all=[round(1e3 * t, 2) for t in ts])
-        rows.append(row)
+        rows.append(dict(pos=p, dape=d, attn=a, ms=1e3 * statistics.median(ts), ms_min=1e3 * min(ts),
+                         ratio=paired_ratio(ts, base) if base else None,
+                         vs_ref=paired_ratio(ts, ref) if ref and p != cfg["ref_pos"] else None,
+                         vs_softmax=paired_ratio(ts, soft) if soft and a != "softmax" else None,
+                         ms_all=[round(1e3 * t, 2) for t in ts]))
     variants = ["attn", "vs_softmax"] if attn_list != ["softmax"] else []
     table(f"train: step time, {sz} (vs_ref: against {cfg['ref_pos']})", rows,
           ["pos", "dape"] + variants[:1] + ["ms", "ms_min", "ratio", "vs_ref"] + variants[1:])
@@ -391,8 +376,7 @@ def module_section(cfg, sz):
                         prm.add_(0.3 * torch.randn_like(prm))
                 naive = copy.deepcopy(ours)  # dape.py's plain form, as Appendix J writes it
                 A0, B0 = torch.randn(Bn, H, T, T), torch.randn(H, T, T)
-                future = torch.ones(T, T, dtype=torch.bool).triu(1)
-                fut = future if mode == "causal" else None
+                fut = torch.ones(T, T, dtype=torch.bool).triu(1) if mode == "causal" else None
                 G = torch.randn(Bn, H, T, T)
 
                 def run(mod, A0=A0, B0=B0, G=G, fut=fut, mode=mode, ours=ours, dtype=torch.float32):  # (bound now:
@@ -428,8 +412,8 @@ def module_section(cfg, sz):
                 truth = None  # (frees the float64 copy before timing)
                 times = interleaved({"naive": lambda: run(naive), "ours": lambda: run(ours)},
                                     cfg["module_repeats"], 1)
-                t_naive, t_ours = statistics.median(times["naive"]), statistics.median(times["ours"])
-                row = dict(module=name, mode=mode, T=T, batch=Bn, naive_ms=1e3 * t_naive, ours_ms=1e3 * t_ours,
+                row = dict(module=name, mode=mode, T=T, batch=Bn, naive_ms=1e3 * statistics.median(times["naive"]),
+                           ours_ms=1e3 * statistics.median(times["ours"]),
                            speedup=paired_ratio(times["naive"], times["ours"]), equal=bool(equal), max_rel_err=err,
                            naive_max_rel_err=naive_err, mismatch_frac=mismatch)
                 rows.append(row)
@@ -439,15 +423,9 @@ def module_section(cfg, sz):
 
                 def store_ours(extra, total, row=row):
                     row.update(ours_mb=mb(extra), mem_ratio=extra / max(row.pop("naive_bytes"), 1))
-                measure_memory_later(functools.partial(run, naive), store_naive)
-                measure_memory_later(functools.partial(run, ours), store_ours)
+                MEMORY_JOBS.append((functools.partial(run, naive), store_naive))
+                MEMORY_JOBS.append((functools.partial(run, ours), store_ours))
     return dict(n_head=H, width=D, kernel=k, rows=rows)
-
-
-def print_module(res):
-    table(f"module: DAPE alone, forward + backward, H={res['n_head']} D={res['width']} k={res['kernel']}",
-          res["rows"], ["module", "mode", "T", "batch", "naive_ms", "ours_ms", "speedup", "naive_mb", "ours_mb",
-                        "mem_ratio", "equal"])
 
 
 def decide_section(cfg, sz):
@@ -484,16 +462,15 @@ def decide_section(cfg, sz):
 
 def eval_section(cfg, sz):
     rows = []
-    H, D = sz["n_head"], cfg["dape_width"]
     for T in [int(t) for t in cfg["eval_lengths"].split(",")]:
         for d in cfg["eval_dape"].split(","):
             torch.manual_seed(cfg["seed"])
             model = new_model(sz, cfg, cfg["eval_pos"], d).eval()
             idx = torch.randint(0, cfg["vocab_size"], (1, T + 1))
             x, y = idx[:, :-1], idx[:, 1:]
-            # the unblocked attention holds A, B, logits and probabilities of one layer: 4 [H, T, T] maps
-            # (DAPE's whole-map path also its hidden map; the tiled CPU path does not)
-            unblocked_gb = T * T * 4 * (4 * H + (2 * D if d != "none" and x.device.type != "cpu" else 0)) / 2 ** 30
+            # the unblocked attention holds A, B, logits and probabilities of one layer: 4 [H, T, T] float32 maps
+            # (DAPE's whole-map path also its hidden map; the tiled CPU path, which this section runs, does not)
+            unblocked_gb = T * T * 4 * 4 * sz["n_head"] / 2 ** 30
             for blocked in (True, False):
                 row = dict(pos=cfg["eval_pos"], dape=d, T=T, blocked=blocked)
                 if not blocked and unblocked_gb > cfg["eval_unblocked_max_gb"]:
@@ -513,13 +490,8 @@ def eval_section(cfg, sz):
 
                 def store(extra, total, row=row):
                     row.update(peak_mb=mb(extra), rss_peak_mb=mb(total))
-                measure_memory_later(run, store)
+                MEMORY_JOBS.append((run, store))
     return dict(size=sz, rows=rows)
-
-
-def print_eval(res):
-    table(f"eval: forward at long lengths, batch 1, {res['size']}", res["rows"],
-          ["pos", "dape", "T", "blocked", "ms", "us_per_token", "peak_mb", "rss_peak_mb", "skipped"])
 
 
 def models_of(cfg):
@@ -565,9 +537,11 @@ def gpu_section(cfg):
         shape = dict(sz, block_size=T, batch_size=batch)
         for compile_model in compiles:
             where = dict(T=T, batch=batch, compiled=compile_model)
-            step = lambda pos_name, dape_name, attn_name: train_steps(
-                shape, cfg, [pos_name], [dape_name], device, torch.bfloat16, compile_model, plain=False,
-                attn_list=[attn_name])[(pos_name, dape_name, attn_name)]
+
+            def step(pos_name, dape_name, attn_name):  # each model from the same seed, on the same batch
+                x, y = random_batch(cfg, shape, device)
+                model = new_model(shape, cfg, pos_name, dape_name, device, attn_name)
+                return train_step(model, x, y, device, torch.bfloat16, compile_model)
             try:
                 ref_step = step(*ref[1:])
             except torch.OutOfMemoryError:
@@ -667,22 +641,18 @@ def gpu_verdicts(res, cfg):
     evals = {e["dape"]: e["ms"] for e in res["eval"] if e.get("pos") == pos and e["T"] == longest and "ms" in e
              and e.get("attn", "softmax") == "softmax"}
     gpu_mb = torch.cuda.get_device_properties(0).total_memory / 2 ** 20
+
+    def at_512(dape, key):  # DAPE's step at T=512, batch 32 against the encoding's own
+        row, base = step.get((dape, 512, 32)), step.get(("none", 512, 32))
+        return None if row is None or base is None else row.get(key, 0) / max(base.get(key, 0), 1e-9)
+    values = dict(v1=at_512("v1", "ms"), v2=at_512("v2", "ms"), mem=at_512("v1", "peak_mb"),
+                  fit=step.get(("v1", 1024, 32), {}).get("peak_mb"),
+                  eval=evals["v1"] / evals["none"] if "v1" in evals and "none" in evals else None)
     out = []
     for target, what, limit in targets:
-        if what in ("v1", "v2", "mem"):
-            row, base = step.get((what if what != "mem" else "v1", 512, 32)), step.get(("none", 512, 32))
-            if row is None or base is None:
-                value = None
-            else:
-                value = (row["ms"] / base["ms"] if what != "mem"
-                         else row.get("peak_mb", 0) / max(base.get("peak_mb", 0), 1e-9))
-        elif what == "fit":
-            if (1024, 32) in out_of_memory:
-                value = float("inf") if gpu_mb >= limit else None
-            else:
-                value = step.get(("v1", 1024, 32), {}).get("peak_mb")
-        else:
-            value = evals["v1"] / evals["none"] if "v1" in evals and "none" in evals else None
+        value = values[what]
+        if what == "fit" and (1024, 32) in out_of_memory:
+            value = float("inf") if gpu_mb >= limit else None
         if value is None:
             out.append(dict(target=target, verdict="not measured",
                             why="not in this run's --gpu_shapes / --gpu_models" if what != "fit" or gpu_mb >= limit
@@ -692,13 +662,6 @@ def gpu_verdicts(res, cfg):
                      else f"{value:.2f}")
             out.append(dict(target=target, verdict="met" if value <= limit else "not met", value=value, shown=shown))
     return out
-
-
-def print_verdicts(verdicts):
-    print("\nthe fused kernel's targets (bench.py --size=125m --sections=gpu):")
-    for v in verdicts:
-        figure = v.get("shown") or v.get("why")
-        print(f"  {v['target']}: {v['verdict']} ({figure})")
 
 
 def timing_section(cfg):
@@ -712,7 +675,7 @@ def timing_section(cfg):
     sz = dict(n_layer=cfg["timing_n_layer"], n_head=cfg["timing_n_head"], n_embd=cfg["timing_n_embd"],
               block_size=max(lengths), batch_size=cfg["timing_batch_size"])
     methods = cfg["timing_methods"].split(",")
-    fns, rows = {}, []
+    fns = {}
     for name in methods:
         prefix, _, pos_name = name.rpartition("-")
         dape_name = {"": "none", "dape": "v1", "dapev2": "v2"}.get(prefix)
@@ -734,10 +697,8 @@ def timing_section(cfg):
             fns[(name, T)] = run
     times = interleaved(fns, cfg["timing_repeats"], cfg["warmup"], device)
     total = {m: sum(statistics.median(times[(m, T)]) for T in lengths) for m in methods}
-    for m in methods:
-        row = {"method": m, **{f"{T}_ms": 1e3 * statistics.median(times[(m, T)]) for T in lengths}}
-        row.update(total_ms=1e3 * total[m], ratio=total[m] / total[methods[0]])
-        rows.append(row)
+    rows = [{"method": m, **{f"{T}_ms": 1e3 * statistics.median(times[(m, T)]) for T in lengths},
+             "total_ms": 1e3 * total[m], "ratio": total[m] / total[methods[0]]} for m in methods]
     table(f"timing (Table 1): {'forward + backward' if cfg['timing_backward'] else 'forward'}, {sz}, "
           f"{device}{' ' + cfg['timing_dtype'] if dtype else ''}; ratio to {methods[0]}",
           rows, ["method"] + [f"{T}_ms" for T in lengths] + ["total_ms", "ratio"])
@@ -782,8 +743,7 @@ def fit_section(cfg):
         if saved.get("source_hash") == digest:
             old = {fit_key(e): e for e in saved["entries"]}
     shapes = config_head_shapes()
-    entries, t0 = [], time.time()
-    todo = []
+    entries, todo, t0 = [], [], time.time()
     archs, dtypes = [int(a) for a in cfg["fit_archs"].split(",")], cfg["fit_dtypes"].split(",")
     grid = [(arch, dtype, shape, ks, bias, causal) for arch in archs for dtype in dtypes for shape in shapes
             for ks in (1, 3) for bias in (True, False) for causal in (True, False)]
@@ -985,12 +945,6 @@ def tables_of(path):
     return bench_tables(res)
 
 
-def command(argv):
-    """The command line of this run, as a page shows it above the tables from its file."""
-    args = sys.argv[1:] if argv is None else argv
-    return " ".join(["python bench.py"] + list(args))
-
-
 # the sections, in the order they run: name -> (config, size) -> what the JSON file holds of it
 SECTIONS = {"train": train_section, "module": module_section, "eval": eval_section,
             "gpu": lambda cfg, sz: gpu_section(cfg), "timing": lambda cfg, sz: timing_section(cfg),
@@ -1015,8 +969,9 @@ def main(argv=None):
     unknown = set(wanted) - set(SECTIONS)
     if unknown:
         raise SystemExit(f"unknown section(s) {sorted(unknown)}: choose from {', '.join(SECTIONS)}")
+    command = " ".join(["python bench.py"] + list(sys.argv[1:] if argv is None else argv))  # as a page shows it
     res = dict(meta=dict(torch=torch.__version__, python=platform.python_version(), threads=torch.get_num_threads(),
-                         cpu=cpu_name(), cuda=torch.cuda.is_available(), command=command(argv),
+                         cpu=cpu_name(), cuda=torch.cuda.is_available(), command=command,
                          loadavg_start=os.getloadavg(), started=time.strftime("%Y-%m-%d %H:%M:%S"),
                          config=cfg, size=sz, commit=code_version(), date=time.strftime("%Y-%m-%d"),
                          machine=machine_text("cuda" if torch.cuda.is_available() else "cpu")))
@@ -1026,12 +981,18 @@ def main(argv=None):
         if name in wanted:
             res[name] = section(cfg, sz)
     res["meta"]["memory_returned_to_os"] = run_memory_jobs()
-    if "module" in res:
-        print_module(res["module"])
+    if "module" in res:  # (the module and eval tables wait for the memory measurements)
+        m = res["module"]
+        table(f"module: DAPE alone, forward + backward, H={m['n_head']} D={m['width']} k={m['kernel']}", m["rows"],
+              ["module", "mode", "T", "batch", "naive_ms", "ours_ms", "speedup", "naive_mb", "ours_mb", "mem_ratio",
+               "equal"])
     if "eval" in res:
-        print_eval(res["eval"])
+        table(f"eval: forward at long lengths, batch 1, {res['eval']['size']}", res["eval"]["rows"],
+              ["pos", "dape", "T", "blocked", "ms", "us_per_token", "peak_mb", "rss_peak_mb", "skipped"])
     if "gpu" in res:  # last: one line per target of the fused kernel
-        print_verdicts(res["gpu"]["verdicts"])
+        print("\nthe fused kernel's targets (bench.py --size=125m --sections=gpu):")
+        for v in res["gpu"]["verdicts"]:
+            print(f"  {v['target']}: {v['verdict']} ({v.get('shown') or v.get('why')})")
     res["meta"].update(loadavg_end=os.getloadavg(), seconds=round(time.time() - t0, 1))
     if cfg["out"]:
         os.makedirs(os.path.dirname(os.path.abspath(cfg["out"])), exist_ok=True)
