@@ -363,8 +363,7 @@ def train_section(cfg, sz):
 
 
 def module_section(cfg, sz):
-    H, D, k = sz["n_head"], cfg["dape_width"], cfg["dape_kernel"]
-    Bn = cfg["module_batch"]
+    H, D, k, Bn = sz["n_head"], cfg["dape_width"], cfg["dape_kernel"], cfg["module_batch"]
     rows = []
     for T in [int(t) for t in cfg["module_lengths"].split(",")]:
         for mode in cfg["module_modes"].split(","):
@@ -466,8 +465,7 @@ def eval_section(cfg, sz):
         for d in cfg["eval_dape"].split(","):
             torch.manual_seed(cfg["seed"])
             model = new_model(sz, cfg, cfg["eval_pos"], d).eval()
-            idx = torch.randint(0, cfg["vocab_size"], (1, T + 1))
-            x, y = idx[:, :-1], idx[:, 1:]
+            x = torch.randint(0, cfg["vocab_size"], (1, T + 1))
             # the unblocked attention holds A, B, logits and probabilities of one layer: 4 [H, T, T] float32 maps
             # (DAPE's whole-map path also its hidden map; the tiled CPU path, which this section runs, does not)
             unblocked_gb = T * T * 4 * 4 * sz["n_head"] / 2 ** 30
@@ -477,12 +475,12 @@ def eval_section(cfg, sz):
                     rows.append(dict(row, skipped=f"unblocked maps ~{unblocked_gb:.1f} GB > eval_unblocked_max_gb"))
                     continue
 
-                def run(model=model, x=x, y=y, T=T, chunk=0 if blocked else T):  # (the chunk set at each call:
+                def run(model=model, x=x, T=T, chunk=0 if blocked else T):  # (the chunk set at each call:
                     # memory is measured after the loop, when the other row has set its own)
                     for blk in model.transformer.h:
                         blk.attn.attn_chunk = chunk
                     with torch.no_grad():
-                        model(x, y, last=min(256, T))
+                        model(x[:, :-1], x[:, 1:], last=min(256, T))
                 ts = interleaved({"eval": run}, cfg["eval_repeats"], 1)["eval"]
                 t = statistics.median(ts)
                 row.update(ms=1e3 * t, us_per_token=1e6 * t / T)
