@@ -75,19 +75,65 @@ def test_published_is_a_path_inside_docs_results():
     assert not demo_report.is_published(os.path.join(demo_report.ROOT, "results", "demo"))
 
 
-def test_the_headline_and_the_whole_study_agree_where_they_overlap():
+def test_the_first_headline_and_the_whole_study_agree_where_they_overlap():
     """docs/demo_setting.md says seeds 1 to 3 of Kerple, DAPE-Kerple, FIRE and DAPE-FIRE have bit for bit the same
-    perplexity at 1024 in the headline (docs/results/demo) and the whole study (docs/results/demo-full), so that
-    only seeds 4 and 5 are new evidence: the files say so."""
-    import json
-    import os
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    perplexity at 1024 in the first five-seed headline (500 steps, docs/results/demo-500) and the whole study
+    (docs/results/demo-full), so that only seeds 4 and 5 were new evidence there: the files say so."""
     ppl = {}
-    for name in ("demo", "demo-full"):
-        with open(os.path.join(root, "docs", "results", name, "results.json")) as f:
+    for name in ("demo-500", "demo-full"):
+        with open(os.path.join(demo_report.ROOT, "docs", "results", name, "results.json")) as f:
             ppl[name] = {(r["label"], r["seed"]): r["results"]["1024"]["ppl"] for r in json.load(f)["runs"]}
     shared = [(label, seed) for label in ("kerple", "dape-kerple", "fire", "dape-fire") for seed in (1, 2, 3)]
-    assert all(ppl["demo"][k] == ppl["demo-full"][k] for k in shared)
-    assert {seed for label, seed in ppl["demo"]} == {1, 2, 3, 4, 5}
-    with open(os.path.join(root, "docs", "demo_setting.md")) as f:
+    assert all(ppl["demo-500"][k] == ppl["demo-full"][k] for k in shared)
+    assert {seed for label, seed in ppl["demo-500"]} == {1, 2, 3, 4, 5}
+    with open(os.path.join(demo_report.ROOT, "docs", "demo_setting.md")) as f:
         assert "bit for bit the same\nperplexity at 1024 in both" in f.read()
+
+
+def test_the_first_registrations_result_is_what_its_files_give():
+    """The first registration's result (500 steps), which docs/demo_setting.md states in prose, recomputed from
+    docs/results/demo-500: the primary test's means, difference, interval and exact p, and the secondary figures
+    the paragraph quotes. A figure typed wrong, or files that moved under it, fail here."""
+    with open(os.path.join(demo_report.ROOT, "docs", "results", "demo-500", "results.json")) as f:
+        results = json.load(f)
+    with open(os.path.join(demo_report.ROOT, "docs", "demo_setting.md")) as f:
+        page = f.read()
+    first = page.split("### The first registration, at 500 steps")[1].split("\n## ")[0]
+    prose = " ".join(first.split()).replace("\u2212", "-")
+    groups = {g["label"]: g for g in results["groups"]}
+    assert {r["iter_num"] for r in results["runs"]} == {500}
+    L = demo_report.primary_length(results)
+    tests = demo_report.exact_tests(results)
+    (c,) = [c for c in results["comparisons"] if (c["label"], c["baseline"]) == demo_report.PRIMARY]
+    p = c["p_value"][str(L)]
+    a, b = (groups[label]["ppl"][str(L)]["mean"] for label in demo_report.PRIMARY)
+    assert (f"{a:.3f} against {b:.3f}, difference {p['mean_diff']:+.3f} [{p['ci'][0]:+.3f}, {p['ci'][1]:+.3f}], "
+            f"exact p {tests[demo_report.PRIMARY][L]['p_exact']:.2g}") in prose
+    assert max(groups["dape-fire"]["ppl"][str(L)]["values"]) < min(groups["fire"]["ppl"][str(L)]["values"])
+    kerple = tests[("dape-kerple", "kerple")]
+    assert all(groups["dape-kerple"]["ppl"][str(n)]["mean"] < groups["kerple"]["ppl"][str(n)]["mean"]
+               for n in results["lengths"])
+    assert f"at every length (Holm {max(t['p_holm'] for t in kerple.values()):.2g})" in prose
+    rises = {r["label"]: r for r in demo_report.rise_tests(results)}
+    k, f = rises["dape-kerple"], rises["dape-fire"]
+    assert f"({k['rise_a'][0]:.3f}x against {k['rise_b'][0]:.3f}x, Holm {k['p_holm']:.2g})" in prose
+    assert f"DAPE-FIRE's rise ({f['rise_a'][0]:.3f}x)" in prose and f"FIRE's ({f['rise_b'][0]:.3f}x," in prose
+    assert f"p {f['p_exact']:.2g})" in prose
+
+
+def test_the_registered_results_sentence_is_what_the_headline_gives():
+    """docs/demo_setting.md's sentence on the registered test's result (350 steps, docs/results/demo): every
+    DAPE-FIRE seed below every FIRE seed at 1024, the exact p at its floor, significant; recomputed here."""
+    with open(os.path.join(demo_report.ROOT, "docs", "results", "demo", "results.json")) as f:
+        results = json.load(f)
+    with open(os.path.join(demo_report.ROOT, "docs", "demo_setting.md")) as f:
+        page = " ".join(f.read().split())
+    assert ("**Its result** (the run above, published 2026-12-02): DAPE-FIRE lower than FIRE at 1024 bytes, every "
+            "DAPE-FIRE seed below every FIRE seed, exact p at its floor, significant at 0.05") in page
+    groups = {g["label"]: g for g in results["groups"]}
+    assert {r["iter_num"] for r in results["runs"]} == {350} and "for 350 steps" in page
+    L = demo_report.primary_length(results)
+    assert L == 1024
+    test = demo_report.exact_tests(results)[demo_report.PRIMARY][L]
+    assert test["p_exact"] == test["p_min"] < demo_report.ALPHA
+    assert max(groups["dape-fire"]["ppl"]["1024"]["values"]) < min(groups["fire"]["ppl"]["1024"]["values"])
