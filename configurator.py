@@ -62,20 +62,9 @@ def _check_type(key, value, default, source):
     if default is None:
         return value
     want = type(default)
-    if want is bool:
-        if isinstance(value, bool):
-            return value
-    elif want is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif want is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    elif want in (tuple, list):
-        if isinstance(value, (tuple, list)):
-            return want(value)
-    elif isinstance(value, want):
-        return value
+    takes = {float: (int, float), tuple: (tuple, list), list: (tuple, list)}.get(want, want)
+    if isinstance(value, takes) and (want is bool or not isinstance(value, bool)):  # a bool is an int too
+        return want(value) if want in (float, tuple, list) else value
     raise ConfigError(f"config key '{key}' from {source} must be {want.__name__} like its default "
                       f"{default!r}, got {type(value).__name__} {value!r}")
 
@@ -86,19 +75,14 @@ NOT_A_LITERAL = (ValueError, SyntaxError, TypeError, MemoryError, RecursionError
 
 
 def _parse_value(text, default):
-    if isinstance(default, str):
-        # a str key takes the raw text, unless it is quoted
-        try:
-            v = ast.literal_eval(text)
-            return v if isinstance(v, str) else text
-        except NOT_A_LITERAL:
-            return text
     if isinstance(default, bool) and text.lower() in ('true', 'false'):
         return text.lower() == 'true'
     try:
-        return ast.literal_eval(text)
+        value = ast.literal_eval(text)
     except NOT_A_LITERAL:
         return text
+    # a str key takes the raw text, unless it is quoted
+    return text if isinstance(default, str) and not isinstance(value, str) else value
 
 
 def update_config(config, overrides, source='overrides'):
