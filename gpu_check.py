@@ -31,8 +31,8 @@ import sys
 import tempfile
 import time
 
+from bench import cell, markdown
 from common import code_version, cpu_name, machine_text
-from results import format_table
 from configurator import config_defaults, configure
 
 # -----------------------------------------------------------------------------
@@ -102,14 +102,12 @@ def run_bench(cfg):
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "bench.json")
+        dry = "dry_" if cfg["dry"] else ""  # the dry run's settings: dry_shapes, dry_eval_lengths
+        size, repeats, warmup, eval_repeats = ("tiny", 1, 1, 1) if dry else ("125m", 5, 2, 3)
         args = ["--sections=gpu", f"--gpu_models={cfg['models']}", "--gpu_compile=eager",
-                f"--gpu_deadline={cfg['bench_seconds']}", f"--out={path}"]
-        if cfg["dry"]:
-            args += ["--gpu_size=tiny", f"--gpu_shapes={cfg['dry_shapes']}",
-                     f"--gpu_eval_lengths={cfg['dry_eval_lengths']}", "--repeats=1", "--warmup=1", "--eval_repeats=1"]
-        else:
-            args += ["--gpu_size=125m", f"--gpu_shapes={cfg['shapes']}", f"--gpu_eval_lengths={cfg['eval_lengths']}",
-                     "--repeats=5", "--warmup=2", "--eval_repeats=3"]
+                f"--gpu_deadline={cfg['bench_seconds']}", f"--out={path}", f"--gpu_size={size}",
+                f"--gpu_shapes={cfg[dry + 'shapes']}", f"--gpu_eval_lengths={cfg[dry + 'eval_lengths']}",
+                f"--repeats={repeats}", f"--warmup={warmup}", f"--eval_repeats={eval_repeats}"]
         try:
             run = subprocess.run([sys.executable, "bench.py"] + args, cwd=ROOT, capture_output=True, text=True,
                                  timeout=cfg["bench_seconds"] + 60)
@@ -137,15 +135,7 @@ def machine():
 
 
 # -----------------------------------------------------------------------------
-# tables
-
-
-def markdown(header, rows):
-    return format_table(header, rows, markdown=True)
-
-
-def figure(row, key, fmt):
-    return format(row[key], fmt) if row.get(key) is not None else row.get("skipped", "-")
+# tables (bench.py's markdown and cell: a figure, or why the row has none)
 
 
 def tables(res):
@@ -171,15 +161,15 @@ def tables(res):
               f"eager; x {ref}: in rounds paired with {ref}'s; x base: against the encoding without DAPE "
               f"({bench['seconds']:.0f} s for the benchmark):", ""]
     lines.append(markdown(["model", "T x batch", "ms", f"x {ref}", "x base", "peak GB"], [
-        [r["model"], f"{r['T']} x {r['batch']}", figure(r, "ms", ".1f"), figure(r, "ratio", ".2f"),
-         figure(r, "vs_base", ".2f"), f"{r['peak_mb'] / 1024:.1f}" if r.get("peak_mb") else "-"]
+        [r["model"], f"{r['T']} x {r['batch']}", cell(r, "ms", ".1f"), cell(r, "ratio", ".2f"),
+         cell(r, "vs_base", ".2f"), f"{r['peak_mb'] / 1024:.1f}" if r.get("peak_mb") else "-"]
         for r in bench["rows"] if not r.get("compiled")]))
     lengths = sorted({e["T"] for e in bench["eval"]})
     names = list(dict.fromkeys(e["model"] for e in bench["eval"]))
     at = {(e["model"], e["T"]): e for e in bench["eval"]}
     lines += ["", "Evaluation forward, batch 1, bf16, loss on the last 256 tokens (ms, and x " + ref + "):", ""]
     lines.append(markdown(["model"] + [f"{T} tokens" for T in lengths] + [f"peak GB at {lengths[-1]}"], [
-        [name] + [f"{figure(at[name, T], 'ms', '.1f')} ({figure(at[name, T], 'ratio', '.2f')})" for T in lengths]
+        [name] + [f"{cell(at[name, T], 'ms', '.1f')} ({cell(at[name, T], 'ratio', '.2f')})" for T in lengths]
         + [f"{at[name, lengths[-1]]['peak_mb'] / 1024:.1f}" if at[name, lengths[-1]].get("peak_mb") else "-"]
         for name in names]))
     lines += ["", "The fused kernel's targets:", ""]
