@@ -27,6 +27,7 @@ import torch
 from common import InputError, load_run, load_val, pick_device, resolve_data_dir
 from configurator import ConfigError, configure
 from probe import capture_layers, layer_terms
+from results import new_figure
 
 # -----------------------------------------------------------------------------
 _names_before_config = set(globals())
@@ -57,14 +58,10 @@ def term_names(model):
 
 def plot_rows(terms, names, qpos, T, block_size, title, path):
     """One row per head, one column per term: the term's value against key position, for one query."""
-    import matplotlib
-    matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-
     cols = [t for t in ('A', 'B', 'f') if terms[t] is not None]
     H = terms['A'].shape[0]
-    fig, axes = plt.subplots(H, len(cols), figsize=(4.2 * len(cols), 1.9 * H + 0.8), squeeze=False, sharex=True,
-                             layout='constrained')
+    fig, axes = new_figure(H, len(cols), (4.2 * len(cols), 1.9 * H + 0.8), sharex=True, layout='constrained')
     keys = np.arange(qpos + 1)
     for h in range(H):
         for c, t in enumerate(cols):
@@ -89,15 +86,11 @@ def plot_rows(terms, names, qpos, T, block_size, title, path):
 
 def plot_heatmaps(terms, names, title, path):
     """One row per head, one column per term: [query, key] heat maps, future (masked) keys blank."""
-    import matplotlib
-    matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-
     cols = [t for t in ('A', 'B', 'f') if terms[t] is not None]
     H, n = terms['A'].shape[0], terms['A'].shape[1]
     future = np.triu(np.ones((n, n), dtype=bool), 1)
-    fig, axes = plt.subplots(H, len(cols), figsize=(3.6 * len(cols), 3.0 * H + 0.8), squeeze=False,
-                             layout='constrained')
+    fig, axes = new_figure(H, len(cols), (3.6 * len(cols), 3.0 * H + 0.8), layout='constrained')
     for h in range(H):
         for c, t in enumerate(cols):
             ax = axes[h, c]
@@ -150,9 +143,9 @@ def visualize(cfg, path):
         start = int(g.integers(0, len(data) - T + 1))
         tokens = np.asarray(data[start:start + T], dtype=np.int64)
         source = f"validation tokens {start}..{start + T - 1}"
-    qpos = cfg['query'] % T if -T <= cfg['query'] < T else None
-    if qpos is None:
+    if not -T <= cfg['query'] < T:
         raise InputError(f"--query={cfg['query']} is outside a window of {T} tokens")
+    qpos = cfg['query'] % T
     idx = torch.as_tensor(tokens, dtype=torch.long, device=dev)[None]
     names = term_names(model)
     os.makedirs(cfg['out_dir'], exist_ok=True)
