@@ -32,7 +32,7 @@ from dataclasses import fields
 import numpy as np
 import torch
 
-from configurator import check_device, configure
+from configurator import ConfigError, check_device, configure
 from positional import RoPE
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -260,9 +260,10 @@ def load_run(path, device):
     return model, ckpt
 
 
-def find_checkpoints(paths):
+def find_checkpoints(paths, labels, script):
     """ckpt.pt files for the given paths: a .pt file, a directory holding ckpt.pt, or a directory whose
-    immediate subdirectories hold ckpt.pt (e.g. out/ with out/kerple_s1, out/kerple_s2, ...)."""
+    immediate subdirectories hold ckpt.pt (e.g. out/ with out/kerple_s1, out/kerple_s2, ...); with the names
+    --labels gives them, one each (None where it gives none). `script` names the command that is missing them."""
     found = []
     for p in paths:
         if os.path.isfile(p):
@@ -278,7 +279,12 @@ def find_checkpoints(paths):
             found += subs
         else:
             raise InputError(f"no checkpoint at '{p}'; train one first (python train.py ... --out_dir={p})")
-    return found
+    if not found:
+        raise InputError(f"no checkpoints given: python {script} out/run1 out/run2 ... (or --ckpts=)")
+    names = [s for s in labels.split(',') if s] if labels else None
+    if names is not None and len(names) != len(found):
+        raise InputError(f"--labels has {len(names)} names for {len(found)} checkpoints: {found}")
+    return found, names
 
 
 # -----------------------------------------------------------------------------
@@ -372,6 +378,16 @@ def checkpoints_and_config(argv, defaults, doc):
             rest.append(a)
     cfg = configure(defaults, rest)
     return paths + [p for p in cfg['ckpts'].split(',') if p], cfg
+
+
+def run_main(main, script):
+    """Run a script's main(): an error in the user's input (InputError, ConfigError) is one line on stderr,
+    '<script>: error: ...', and exit status 2; any other error keeps its traceback."""
+    try:
+        main()
+    except (InputError, ConfigError) as e:
+        print(f"{script}: error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 def parse_list(text, key, kind=str):

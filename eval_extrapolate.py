@@ -53,12 +53,11 @@ import torch.nn.functional as F
 
 from common import (InputError, auto_labels, autocast, checkpoints_and_config, dape_of_run, find_checkpoints,
                     find_data_dir, load_run, load_val, parse_list, pick_device, pick_dtype, provenance,
-                    resolve_data_dir, rope_scaling_options, setting_of, trained_by, training_data_dirs,
+                    resolve_data_dir, rope_scaling_options, run_main, setting_of, trained_by, training_data_dirs,
                     training_setting)
 from results import (compare, dape_pairs, difference_table, group_runs, holm_table, parse_pairs, plot_loss_by_position,
                      ppl_run_table, ppl_table, protocol_text, pvalue_table, tokens_seen, training_notes,
                      unequal_training, write_ppl_results)
-from configurator import ConfigError
 import probe
 from positional import rope_scaling_label, set_rope_scaling
 from tokenizer import GPT2_VOCAB_SIZE, load_meta, tokenizer_of_vocab
@@ -141,14 +140,8 @@ def check_data_fits(run, meta):
 
 def default_lengths(block_sizes, longest):
     """Each training length times 1, 2, 4, ... up to `longest`, merged over the checkpoints."""
-    out = set()
-    for b in block_sizes:
-        L = b
-        out.add(min(b, longest))
-        while L * 2 <= longest:
-            L *= 2
-            out.add(L)
-    return sorted(out)
+    return sorted({min(b, longest) for b in block_sizes}
+                  | {b * 2 ** i for b in block_sizes for i in range(1, longest.bit_length()) if b * 2 ** i <= longest})
 
 
 def window_ends(n_tokens, longest, K, n_windows, seed):
@@ -342,12 +335,7 @@ def evaluate(cfg, ckpt_paths, command='unknown (eval_extrapolate.evaluate called
         raise InputError("--eval_tokens and --num_windows must be positive (0: chosen by the tool), "
                          "--far_mass_windows positive")
     rope_kinds = rope_scaling_options(cfg)
-    files = find_checkpoints(ckpt_paths)
-    if not files:
-        raise InputError("no checkpoints given: python eval_extrapolate.py out/run1 out/run2 ... (or --ckpts=)")
-    user_labels = [s for s in cfg['labels'].split(',') if s] if cfg['labels'] else None
-    if user_labels is not None and len(user_labels) != len(files):
-        raise InputError(f"--labels has {len(user_labels)} names for {len(files)} checkpoints: {files}")
+    files, user_labels = find_checkpoints(ckpt_paths, cfg['labels'], 'eval_extrapolate.py')
 
     # read every checkpoint first (bad ones fail before hours of evaluation; the default lengths and the
     # windows depend on all of them); models are loaded again one at a time to evaluate them
@@ -462,15 +450,10 @@ def evaluate(cfg, ckpt_paths, command='unknown (eval_extrapolate.evaluate called
 
 
 def main(argv=None):
-    paths, cfg = checkpoints_and_config(sys.argv[1:] if argv is None else list(argv),
-                                        {k: globals()[k] for k in config_keys}, __doc__)
-    command = shlex.join(['python', 'eval_extrapolate.py', *(sys.argv[1:] if argv is None else argv)])
-    return evaluate(cfg, paths, command)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    paths, cfg = checkpoints_and_config(argv, {k: globals()[k] for k in config_keys}, __doc__)
+    return evaluate(cfg, paths, shlex.join(['python', 'eval_extrapolate.py', *argv]))
 
 
 if __name__ == '__main__':
-    try:
-        main()
-    except (InputError, ConfigError) as e:
-        print(f"eval_extrapolate.py: error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_main(main, 'eval_extrapolate.py')

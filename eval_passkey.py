@@ -52,13 +52,12 @@ import time
 import numpy as np
 
 from common import (InputError, auto_labels, autocast, checkpoints_and_config, dape_of_run, find_checkpoints, load_run,
-                    load_val, parse_list, pick_device, pick_dtype, resolve_data_dir, rope_scaling_options, setting_of,
-                    trained_by, training_setting)
+                    load_val, parse_list, pick_device, pick_dtype, resolve_data_dir, rope_scaling_options, run_main,
+                    setting_of, trained_by, training_setting)
 from results import (MEASURES, SAME_PROTOCOL, compare_groups, comparison_caption, comparison_table, figure_from_files,
                      group_rows, group_table, group_text, jsonable, learned_text, length_table, merge_rows,
                      passkey_summary_table, read_passkey_results, read_results, retest_tables_from_files, seed_tables,
                      write_json)
-from configurator import ConfigError
 from passkey import DIGITS, chance_logp_per_digit, passkey_prompts, score_prompts, summarize
 from positional import rope_scaling_label, set_rope_scaling
 from tokenizer import get_tokenizer, load_meta, tokenizer_of_vocab
@@ -157,13 +156,8 @@ def plot_heatmap(row, lens, path):
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     deps = row['depths']
-    acc = np.full((len(deps), len(lens)), np.nan)
-    lp = np.full((len(deps), len(lens)), np.nan)
-    for j, L in enumerate(lens):
-        if not isinstance(row['cells'][L], str):
-            for i, d in enumerate(deps):
-                acc[i, j] = 100 * row['cells'][L][d]['accuracy']
-                lp[i, j] = row['cells'][L][d]['logp_mean']
+    acc, lp = (np.array([[np.nan if isinstance(row['cells'][L], str) else scale * row['cells'][L][d][key] for L in lens]
+                         for d in deps]) for key, scale in (('accuracy', 100), ('logp_mean', 1)))
     fig, axes = plt.subplots(1, 2, figsize=(11, 0.5 * len(deps) + 2.6))
     panels = ((acc, 'exact match (%)', 'viridis', 0, 100, '{:.0f}'),
               (lp, 'log-likelihood per answer token (nats)', 'magma', min(np.nanmin(lp) if np.isfinite(lp).any() else -1,
@@ -198,12 +192,7 @@ def evaluate(cfg, ckpt_paths):
     lens, deps, scalings = check_options(cfg)
     dev = pick_device(cfg['device'])
     ctx = autocast(dev, pick_dtype(cfg['dtype'], dev))
-    files = find_checkpoints(ckpt_paths)
-    if not files:
-        raise InputError("no checkpoints given: python eval_passkey.py out/run1 out/run2 ... (or --ckpts=)")
-    names = [s for s in cfg['labels'].split(',') if s] if cfg['labels'] else None
-    if names is not None and len(names) != len(files):
-        raise InputError(f"--labels has {len(names)} names for {len(files)} checkpoints: {files}")
+    files, names = find_checkpoints(ckpt_paths, cfg['labels'], 'eval_passkey.py')
 
     # every checkpoint, its tokenizer and filler first: bad input fails before any evaluation
     runs, sources = [], {}
@@ -430,8 +419,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    try:
-        main()
-    except (InputError, ConfigError) as e:
-        print(f"eval_passkey.py: error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_main(main, 'eval_passkey.py')
