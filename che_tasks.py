@@ -358,12 +358,9 @@ def _split(s):
 
 
 def resolve_tasks(spec):
-    if spec == 'table2':
-        return list(TABLE2_TASKS)
-    if spec == 'all':
-        return list(che_data.TASKS)
-    if spec == 'retrieval':
-        return list(retrieval_data.TASKS)
+    named = {'table2': TABLE2_TASKS, 'all': che_data.TASKS, 'retrieval': retrieval_data.TASKS}
+    if spec in named:
+        return list(named[spec])
     names = _split(spec)
     for n in names:
         get_task(n)
@@ -377,18 +374,15 @@ def grid_table(cells, tasks, columns, cfg):
     seeds, rates = parse_seeds(cfg), parse_learning_rates(cfg)
     several = len(seeds) * len(rates) > 1
     lines = []
-    for key, title in [('score', f"Extrapolation (OOD): test lengths {_span(eval_lengths(cfg))}"),
-                       ('id_score', f"In distribution (ID): training lengths {_span(id_lengths(cfg))}")]:
+    for key in ('score', 'id_score'):  # the extrapolation score, then under a title of its own the ID accuracy
         if key == 'id_score':
-            lines += ['', title + ':', '']
+            lines += ['', f"In distribution (ID): training lengths {_span(id_lengths(cfg))}:", '']
         lines += ['| Level | Task | Random | ' + ' | '.join(labels) + ' |',
                   '| --- | --- | --- |' + ' --- |' * len(labels)]
         for t in tasks:
-            row = [max_mean_text(cells.get((t, p, d)), key, several) for p, d in columns]
-            lines.append(f"| {TASKS[t].level} | {t} | {100 * TASKS[t].random_baseline:.0f} | " + ' | '.join(row) + ' |')
-            for v in TASKS[t].variants if key == 'score' else ():  # its other test distributions
+            for v in [None, *(TASKS[t].variants if key == 'score' else ())]:  # then its other test distributions
                 row = [max_mean_text(cells.get((t, p, d)), key, several, v) for p, d in columns]
-                lines.append(f"| {TASKS[t].level} | {t}, {v} | {100 * TASKS[t].random_baseline:.0f} | "
+                lines.append(f"| {TASKS[t].level} | {f'{t}, {v}' if v else t} | {100 * TASKS[t].random_baseline:.0f} | "
                              + ' | '.join(row) + ' |')
     statistic = (f"the max over seeds {','.join(map(str, seeds))} x learning rates "
                  f"{','.join(f'{lr:g}' for lr in rates)} (the paper's statistic), the mean in brackets"
