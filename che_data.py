@@ -9,6 +9,7 @@ them is che_tasks.py; the semantics are written out in docs/che.md.
 accuracy mask [B, |y|]. `make_batch` frames a sample for the bidirectional encoder (placeholders
 appended, training targets at the last |y| positions).
 """
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -143,10 +144,8 @@ def stack_manipulation(B, N, rng):
         stack[rows[push], height[push]] = value[push]
         pop = ~initial & (tok == STACK_POP) & (height > 0)
         height = height + push - pop
-    j = np.arange(N + 1)[None, :]
-    top_down = stack[rows[:, None], np.clip(height[:, None] - 1 - j, 0, None)]
-    y = np.where(j < height[:, None], top_down, np.where(j == height[:, None], STACK_END, 0))
-    return x, y
+    top_down = stack[rows[:, None], np.clip(height[:, None] - 1 - np.arange(N + 1)[None, :], 0, None)]
+    return x, _terminated(top_down, height, N + 1, STACK_END)
 
 
 def reverse_string(B, N, rng):
@@ -295,12 +294,8 @@ def _binary_operation(B, N, rng, multiply):
     return x, _terminated(res_bits, res_len, out_len, BIN_END)
 
 
-def binary_addition(B, N, rng):
-    return _binary_operation(B, N, rng, multiply=False)
-
-
-def binary_multiplication(B, N, rng):
-    return _binary_operation(B, N, rng, multiply=True)
+binary_addition = functools.partial(_binary_operation, multiply=False)
+binary_multiplication = functools.partial(_binary_operation, multiply=True)
 
 
 def compute_sqrt(B, N, rng):
@@ -328,16 +323,13 @@ class CHETask:
     level: str                # R (regular), DCF (deterministic context-free), CS (context-sensitive)
     input_vocab: int          # input ids are 0..input_vocab-1; the placeholder id is input_vocab
     output_vocab: int
-    out_len: Callable[[int], int]  # |y| as a function of N
+    output_length: Callable[[int], int]  # |y| as a function of N
     generate: Callable        # (B, N, rng) -> (x [B, n_in], y [B, |y|])
     masked: bool = False      # accuracy counts only up to and including the first TERMINATOR
     random_baseline: float = 0.5  # random-guess accuracy as reported in the literature
     causal = False            # CHE trains a bidirectional encoder (retrieval_data.py's tasks are causal)
     min_len = 1
     variants = {}             # no test distribution but the training one
-
-    def output_length(self, length):
-        return self.out_len(length)
 
     def sample(self, batch_size, length, rng):
         """-> inputs int64 [B, n_in], targets int64 [B, |y|], accuracy mask bool [B, |y|].
