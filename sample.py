@@ -18,8 +18,8 @@ import sys
 
 import torch
 
-from common import InputError, autocast, load_run, pick_device, pick_dtype, resolve_data_dir
-from configurator import ConfigError, configure
+from common import InputError, autocast, load_run, pick_device, pick_dtype, resolve_data_dir, run_main
+from configurator import configure
 from positional import RoPE, set_rope_scaling
 from tokenizer import get_tokenizer, load_meta, tokenizer_of_vocab
 
@@ -180,8 +180,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    try:
-        main()
-    except (InputError, ConfigError) as e:
-        print(f"sample.py: error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_main(main, 'sample.py')

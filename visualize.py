@@ -24,8 +24,8 @@ import sys
 import numpy as np
 import torch
 
-from common import InputError, load_run, load_val, pick_device, resolve_data_dir
-from configurator import ConfigError, configure
+from common import InputError, load_run, load_val, pick_device, resolve_data_dir, run_main
+from configurator import configure
 from probe import capture_layers, layer_terms
 from results import new_figure
 
@@ -208,8 +208,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    try:
-        main()
-    except (InputError, ConfigError) as e:
-        print(f"visualize.py: error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_main(main, 'visualize.py')
