@@ -147,7 +147,5 @@ def disagreement(got, want, tolerance):
     return None
 
 
-
-
 def _rms(t):
     return t.norm().item() / max(t.numel(), 1) ** 0.5
