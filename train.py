@@ -204,11 +204,10 @@ def read_checkpoint(path, cfg):
         raise FileNotFoundError(f"init_from='resume' but {path} does not exist; train from scratch first "
                                 f"(--init_from=scratch) or set --out_dir")
     try:  # all that resuming needs
-        ckpt = read_checkpoint_file(path, ('model', 'optimizer', 'model_args', 'iter_num', 'best_val_loss', 'rng'))
+        return read_checkpoint_file(path, ('model', 'optimizer', 'model_args', 'iter_num', 'best_val_loss', 'rng'))
     except ValueError as e:
         raise CheckpointError(f"{e}. It cannot be resumed and was left as it is; train into another "
                               f"--out_dir") from e
-    return ckpt
 
 
 def resumed_model_args(saved, config, path, given=()):
