@@ -178,9 +178,6 @@ def scored_tokens(eval_lengths, K=0, n_windows=0):
     K = 0 takes half the shortest length (at most DEFAULT_K), so that the shortest column's scored targets
     have context too; n_windows = 0 takes enough windows for MIN_SCORED scored tokens per cell (at least 16).
     A K longer than the shortest length is refused: that column would score fewer, other, targets."""
-    if K < 0 or n_windows < 0:
-        raise InputError(f"--eval_tokens and --num_windows must be positive (0: chosen by the tool), got "
-                         f"{K} and {n_windows}")
     shortest = min(eval_lengths)
     default = max(1, min(DEFAULT_K, shortest // 2))
     if K > shortest:
@@ -288,14 +285,6 @@ def loss_by_position(model, data, ends, L, batch, dev, ctx):
 DAPE_KEYS = ('dape', 'dape_variant', 'dape_width', 'dape_kernel', 'dape_init', 'dape.py')
 
 
-def setting_without(g, keys=DAPE_KEYS):
-    """A group's setting without the model options `keys`: without the DAPE options, DAPE-X and X trained
-    alike on the same data share it; without dape_init, DAPE-X with f zero at step 0 and the default's."""
-    s = setting_of(g)
-    s['model'] = {k: v for k, v in s['model'].items() if k not in keys}
-    return json.dumps(s, sort_keys=True)
-
-
 def comparison_pairs(groups, explicit=()):
     """(dape group, baseline group) pairs: the explicit (label, label) list (parse_pairs), or results.dape_pairs'
     of the groups: every DAPE-X against X trained alike on the same data (their settings without DAPE's options
@@ -304,11 +293,13 @@ def comparison_pairs(groups, explicit=()):
     by_label = {g['label']: g for g in groups}
 
     def parts(label):
-        m = setting_of(by_label[label])['model']
+        s = setting_of(by_label[label])
+        m = s['model']
+        alike = json.dumps(dict(s, model={k: v for k, v in m.items() if k not in DAPE_KEYS}), sort_keys=True)
         which = 'none' if m['dape'] == 'none' else json.dumps([m[k] for k in ('dape', 'dape_variant', 'dape_width',
                                                                                'dape_kernel')])
         departs = (None if m['dape_init'] == 'default' else m['dape_init'], m.get('dape.py'))
-        return setting_without(by_label[label]), which, departs
+        return alike, which, departs
     return [(by_label[a], by_label[b]) for a, b in explicit or dape_pairs(by_label, parts)]
 
 

@@ -265,8 +265,7 @@ def evaluate(cfg, ckpt_paths):
             suffix = rope_scaling_label(kind, cfg['rope_scale'], not cfg['rope_scale'], r['block_size'])
             label = r['name'] + suffix
             row = {'label': label, 'setting': r['setting'] + suffix, 'setting_key': r['setting_key'] + suffix,
-                   'seed': r['seed'], 'path': r['path'],
-                   'pos': r['pos'], 'block_size': r['block_size'],
+                   'seed': r['seed'], 'path': r['path'], 'pos': r['pos'], 'block_size': r['block_size'],
                    'rope_scaling': kind, 'rope_scale': {}, 'depths': deps, 'trials': cfg['trials'],
                    'cells': {}, 'per_length': {}, 'samples': [], 'trained_by': r['trained_by']}
             for L in lens:
@@ -278,14 +277,12 @@ def evaluate(cfg, ckpt_paths):
                 ps = [dict(p) for p in prompts[(r['data_dir'], r['tokenizer'])] if p['length'] == L]
                 t0 = time.time()
                 score_prompts(model, ps, dev, ctx, batch=max(1, cfg['batch_tokens'] // L))
-                cells = summarize(ps)[L]
-                row['cells'][L] = cells
-                row['per_length'][L] = {m: float(np.mean([c[m] for c in cells.values()]))
-                                        for m in ('accuracy', 'logp_mean', 'logp')}
+                row['cells'][L] = cells = summarize(ps)[L]
+                row['per_length'][L] = pl = {m: float(np.mean([c[m] for c in cells.values()]))
+                                             for m in ('accuracy', 'logp_mean', 'logp')}
                 row['samples'] += [{'length': L, 'depth': p['depth'], 'trial': p['trial'], 'key': p['key'],
                                     'said': tok.decode(p['said']), 'exact': p['exact'], 'logp': round(p['logp'], 5)}
                                    for p in ps]
-                pl = row['per_length'][L]
                 print(f"  {label:<28} L={L:<6} exact {100 * pl['accuracy']:5.1f}%  log-likelihood per token "
                       f"{pl['logp_mean']:7.3f}  ({len(ps)} samples, {time.time() - t0:.1f}s)", flush=True)
             set_rope_scaling(model, 'none')

@@ -74,12 +74,6 @@ def make_prompt(tok, key, filler, length, depth):
             'key': key, 'length': length, 'depth': depth}
 
 
-def sentence_filler(tok, n):
-    """n tokens of the original's fixed filler, the sentence repeated."""
-    one = tok.encode(SENTENCE)
-    return np.resize(np.asarray(one, dtype=np.int64), n)
-
-
 def passkey_prompts(tok, lengths, depths, trials, seed, data=None, digits=DIGITS):
     """The evaluation's samples: `trials` per length and depth, filler from the token array `data` (a
     random stretch each) or, with data=None, the fixed sentence. Seeded by (seed, trial) for the key,
@@ -90,8 +84,8 @@ def passkey_prompts(tok, lengths, depths, trials, seed, data=None, digits=DIGITS
         for depth in depths:
             for t in range(trials):
                 key = new_key(np.random.default_rng([seed, t]), digits)
-                if data is None:
-                    filler = sentence_filler(tok, L)
+                if data is None:  # the original's sentence, repeated
+                    filler = np.resize(np.asarray(tok.encode(SENTENCE), dtype=np.int64), L)
                 else:
                     rng = np.random.default_rng([seed, t, L, round(depth * 10 ** 6)])
                     if len(data) < L:
