@@ -125,7 +125,7 @@ def train(model, task, cfg, device, autocast, log=print):
     rng = np.random.default_rng(cfg['seed'])
     opt = torch.optim.Adam(model.parameters(), lr=cfg['learning_rate'])
     model.train()
-    t0, hist = time.time(), []
+    t0, losses, accs, every = time.time(), [], [], cfg['log_interval']  # log the mean of every log_interval steps
     for step in range(1, cfg['max_iters'] + 1):
         N = int(rng.integers(task.min_len, cfg['train_max_len'] + 1))
         idx, targets, scored = _to_device(frame(task, cfg['batch_size'], N, rng), device)
@@ -135,15 +135,13 @@ def train(model, task, cfg, device, autocast, log=print):
         if cfg['grad_clip'] > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg['grad_clip'])
         opt.step()
-        hist.append((loss.item(), correct.sum().item() / scored.sum().item()))
-        if step % cfg['log_interval'] == 0 or step == cfg['max_iters']:
-            recent = hist[-cfg['log_interval']:]
-            log(f"  step {step}/{cfg['max_iters']}: loss {np.mean([h[0] for h in recent]):.4f}, "
-                f"train acc {100 * np.mean([h[1] for h in recent]):.2f}%, {time.time() - t0:.1f}s")
-    recent = hist[-cfg['log_interval']:]
+        losses.append(loss.item())
+        accs.append(correct.sum().item() / scored.sum().item())
+        if step % every == 0 or step == cfg['max_iters']:
+            log(f"  step {step}/{cfg['max_iters']}: loss {np.mean(losses[-every:]):.4f}, "
+                f"train acc {100 * np.mean(accs[-every:]):.2f}%, {time.time() - t0:.1f}s")
     return {'steps': cfg['max_iters'], 'time_s': time.time() - t0,
-            'final_loss': float(np.mean([h[0] for h in recent])),
-            'final_train_acc': float(np.mean([h[1] for h in recent]))}
+            'final_loss': float(np.mean(losses[-every:])), 'final_train_acc': float(np.mean(accs[-every:]))}
 
 
 def eval_batches(cfg):
@@ -283,9 +281,8 @@ def run_one(cfg, log=print, command='unknown'):
     log(f"== {task.name} | {label} (pos={cfg['pos']}, dape={cfg['dape']}), seed {cfg['seed']}, "
         f"lr {cfg['learning_rate']:g}, on {device} ({dtype_name})")
     model = build_model(task, cfg).to(device)
-    result['n_params'] = sum(p.numel() for p in model.parameters())
-    result['block_size'] = model.config.block_size
-    result['rand_pos'], result['rand_pos_eval'] = model.config.rand_pos, model.config.rand_pos_eval
+    result.update(n_params=sum(p.numel() for p in model.parameters()), block_size=model.config.block_size,
+                  rand_pos=model.config.rand_pos, rand_pos_eval=model.config.rand_pos_eval)
     if cfg['compile']:
         model = torch.compile(model, dynamic=True)
     result['train'] = train(model, task, cfg, device, autocast, log)
@@ -556,8 +553,7 @@ def check_config(cfg):
     if not cells:
         raise ValueError("the grid is empty: set grid_tasks, grid_pos and grid_dape")
     for t, p, d in cells:
-        cell = dict(cfg, task=t, pos=p, dape=d)
-        build_model(get_task(t), cell, config_only=True)
+        build_model(get_task(t), dict(cfg, task=t, pos=p, dape=d), config_only=True)
         if cfg['train_max_len'] < get_task(t).min_len:
             raise ValueError(f"train_max_len={cfg['train_max_len']}: task {t} needs N >= {get_task(t).min_len}")
         if get_task(t).causal:  # the longest test sequence can be made (mqar has a finite set of keys)
