@@ -34,82 +34,57 @@ import torch.nn.functional as F
 # The version of dape.py that this file and dape_triton.py implement, class by class and part by part
 # (fingerprint.definition): dape_paths.py runs a fast path only on a module whose code, as it is in memory,
 # has these fingerprints, no more and no fewer. Update it together with the fast paths, once their equality
-# tests pass (tests/test_dape.py pins it and prints what it should be).
+# tests pass (tests/test_dape.py pins it and prints what it should be, each class whole; the entries both
+# classes share, their base class's parts and the globals both read, are written once here: _SHARED).
+_SHARED = {
+    "_DAPE.__init__": "32b947ef65370945",
+    "_DAPE._run": "b0668ca1f397ccec",
+    "_DAPE.forward": "b4f4f2d3547b076f",
+    "_DAPE.init_last_layer": "e806fb2e59693ecd",
+    "_DAPE.kernel": "1",
+    "_DAPE.probs": "a2732b54553d7917",
+    "_DAPE.reset_parameters": "41eb6fb991c4bf45",
+    "_DAPE.residual_f": "6e5e432fc3cbc976",
+    "_DAPE.slope": "0.01",
+    "_DAPE.zero_future": "False",
+    "dape_in_channels": "278401735baa085b",
+    "F": "module torch.nn.functional",
+    "F.softmax": "function torch.softmax",
+    "finish": "25eaccea3a5f4b49",
+    "float": "type builtins.float",
+    "hasattr": "builtin_function_or_method builtins.hasattr",
+    "INITS": "('default', 'zero')",
+    "list": "type builtins.list",
+    "next": "builtin_function_or_method builtins.next",
+    "nn": "module torch.nn",
+    "nn.LeakyReLU": "type torch.LeakyReLU",
+    "SLOPE": "0.01",
+    "super": "type builtins.super",
+    "torch": "module torch",
+    "torch.cat": "builtin_function_or_method torch.cat",
+    "torch.linspace": "builtin_function_or_method torch.linspace",
+    "torch.no_grad": "type torch.no_grad",
+    "type": "type builtins.type",
+    "ValueError": "type builtins.ValueError",
+    "VARIANTS": "('concat_residual', 'concat', 'add_residual', 'bias_only')",
+}
 IMPLEMENTS = {
     "DAPEV1": {
-        "_DAPE.__init__": "32b947ef65370945",
-        "_DAPE._run": "b0668ca1f397ccec",
-        "_DAPE.forward": "b4f4f2d3547b076f",
-        "_DAPE.init_last_layer": "e806fb2e59693ecd",
-        "_DAPE.kernel": "1",
-        "_DAPE.probs": "a2732b54553d7917",
-        "_DAPE.reset_parameters": "41eb6fb991c4bf45",
-        "_DAPE.residual_f": "6e5e432fc3cbc976",
-        "_DAPE.slope": "0.01",
-        "_DAPE.zero_future": "False",
+        **_SHARED,
         "DAPEV1.__init__": "7237765a52773e94",
         "DAPEV1.f": "c89d1a6c8dff654d",
         "DAPEV1.weights": "7ec36c1ebaceaf32",
-        "dape_in_channels": "278401735baa085b",
-        "F": "module torch.nn.functional",
-        "F.softmax": "function torch.softmax",
-        "finish": "25eaccea3a5f4b49",
-        "float": "type builtins.float",
-        "hasattr": "builtin_function_or_method builtins.hasattr",
-        "INITS": "('default', 'zero')",
-        "list": "type builtins.list",
-        "next": "builtin_function_or_method builtins.next",
-        "nn": "module torch.nn",
-        "nn.LeakyReLU": "type torch.LeakyReLU",
         "nn.Linear": "type torch.Linear",
         "nn.Sequential": "type torch.Sequential",
         "rearrange": "function einops.rearrange",
-        "SLOPE": "0.01",
-        "super": "type builtins.super",
-        "torch": "module torch",
-        "torch.cat": "builtin_function_or_method torch.cat",
-        "torch.linspace": "builtin_function_or_method torch.linspace",
-        "torch.no_grad": "type torch.no_grad",
-        "type": "type builtins.type",
-        "ValueError": "type builtins.ValueError",
-        "VARIANTS": "('concat_residual', 'concat', 'add_residual', 'bias_only')",
     },
     "DAPEV2": {
-        "_DAPE.__init__": "32b947ef65370945",
-        "_DAPE._run": "b0668ca1f397ccec",
-        "_DAPE.forward": "b4f4f2d3547b076f",
-        "_DAPE.init_last_layer": "e806fb2e59693ecd",
-        "_DAPE.kernel": "1",
-        "_DAPE.probs": "a2732b54553d7917",
-        "_DAPE.reset_parameters": "41eb6fb991c4bf45",
-        "_DAPE.residual_f": "6e5e432fc3cbc976",
-        "_DAPE.slope": "0.01",
-        "_DAPE.zero_future": "False",
+        **_SHARED,
         "DAPEV2.__init__": "f162c317cd96d284",
         "DAPEV2.f": "3919d80257cc6dc6",
         "DAPEV2.weights": "4af632a5fde322bb",
         "DAPEV2.zero_future": "True",
-        "dape_in_channels": "278401735baa085b",
-        "F": "module torch.nn.functional",
-        "F.softmax": "function torch.softmax",
-        "finish": "25eaccea3a5f4b49",
-        "float": "type builtins.float",
-        "hasattr": "builtin_function_or_method builtins.hasattr",
-        "INITS": "('default', 'zero')",
-        "list": "type builtins.list",
-        "next": "builtin_function_or_method builtins.next",
-        "nn": "module torch.nn",
         "nn.Conv2d": "type torch.Conv2d",
-        "nn.LeakyReLU": "type torch.LeakyReLU",
-        "SLOPE": "0.01",
-        "super": "type builtins.super",
-        "torch": "module torch",
-        "torch.cat": "builtin_function_or_method torch.cat",
-        "torch.linspace": "builtin_function_or_method torch.linspace",
-        "torch.no_grad": "type torch.no_grad",
-        "type": "type builtins.type",
-        "ValueError": "type builtins.ValueError",
-        "VARIANTS": "('concat_residual', 'concat', 'add_residual', 'bias_only')",
     },
 }
 # (query, key) pairs per CPU tile, over the sequences it groups: its hidden map is D * TILE_PAIRS floats,
@@ -265,10 +240,7 @@ class Spec:
         softmax; for V2 zero, which is what the conv's zero padding gives). Every sequence of the batch
         goes into one tile where that fits; otherwise a tile is one block of rows of G sequences."""
         p = self.kernel // 2
-        if self.skip:
-            need = keys_needed(self.future)
-        else:
-            need = [Tk] * Tq
+        need = keys_needed(self.future) if self.skip else [Tk] * Tq
         row_budget = max(1, TILE_PAIRS // Bn)
         out, s = [], 0
         while s < Tq:
@@ -335,10 +307,7 @@ class _Tile:
         block t = buf[:, t : t + N], the inputs of each output's tap t; reverse: block t =
         buf[:, 2p - t : 2p - t + N], what the transposed convolution reads. ones: a last row of ones."""
         p, N = self.p, self.N
-        if p == 0:
-            buf = maps[0].new_empty(R + ones, N)
-        else:
-            buf = maps[0].new_zeros(R, N + 2 * p)
+        buf = maps[0].new_empty(R + ones, N) if p == 0 else maps[0].new_zeros(R, N + 2 * p)
         slots, r = self.slots(buf[:R]), 0
         for m in maps:
             slots[r:r + m.shape[0]].copy_(m)
