@@ -20,6 +20,7 @@ import datetime
 import functools
 import hashlib
 import inspect
+import itertools
 import json
 import linecache
 import os
@@ -103,13 +104,9 @@ def read_checkpoint_file(path, keys=('model', 'model_args'), device='cpu'):
 
 def unwrapped(state):
     """A state dict under the model's own names: torch.compile and DDP wrap them; the model does not."""
-    out = {}
-    for k, v in state.items():
-        for prefix in ('_orig_mod.', 'module.'):
-            k = k[len(prefix):] if k.startswith(prefix) else k
-        # log-length scaling's learned s, attention's own parameter until it moved into normalisation.py
-        out[k.replace('.attn.logn_s', '.attn.normalisation.logn_s')] = v
-    return out
+    # log-length scaling's learned s was attention's own parameter until it moved into normalisation.py
+    return {k.removeprefix('_orig_mod.').removeprefix('module.').replace('.attn.logn_s', '.attn.normalisation.logn_s'):
+            v for k, v in state.items()}
 
 
 def check_weights(path, state, model):
@@ -431,13 +428,9 @@ def cpu_name():
     'AMD EPYC'), so figures compare only within one run on one of them."""
     import platform
     try:
-        with open('/proc/cpuinfo') as f:
-            fields = {}
-            for line in f:
-                if not line.strip():
-                    break  # the first processor's fields are enough
-                key, _, value = line.partition(':')
-                fields[key.strip()] = value.strip()
+        with open('/proc/cpuinfo') as f:  # the first processor's fields (up to the first blank line) are enough
+            fields = {key.strip(): value.strip()
+                      for key, _, value in (line.partition(':') for line in itertools.takewhile(str.strip, f))}
         number = f" (family {fields['cpu family']}, model {fields['model']})" \
             if 'cpu family' in fields and 'model' in fields else ''
         return fields['model name'] + number

@@ -368,10 +368,7 @@ def evaluate(cfg, ckpt_paths, command='unknown (eval_extrapolate.evaluate called
                                 'lengths': eval_lengths, 'data': {}, 'yarn_alpha': cfg['yarn_alpha'],
                                 'yarn_beta': cfg['yarn_beta'],
                                 'evaluated_by': provenance(command, torch.device(dev).type)}
-    for r in runs:
-        d = r['data_dir']
-        if d in data_cache:
-            continue
+    for d in dict.fromkeys(r['data_dir'] for r in runs):  # each data folder once, in the runs' order
         data, meta = load_val(d)
         for other in runs:  # before any evaluation, like every other check of the input
             if other['data_dir'] == d:

@@ -43,8 +43,7 @@ def flip_flop(B, N, rng, p_ignore=FLIP_FLOP_P_IGNORE['train']):
     ops[:, 0], ops[:, -1] = WRITE, READ
     bits = rng.integers(0, 2, size=(B, N))
     # a read returns the bit of the latest write: carry each write's bit forward over the other pairs
-    last_write = np.where(ops == WRITE, np.arange(N)[None, :], 0)
-    last_write = np.maximum.accumulate(last_write, axis=1)
+    last_write = np.maximum.accumulate(np.where(ops == WRITE, np.arange(N)[None, :], 0), axis=1)
     bits = np.where(ops == READ, np.take_along_axis(bits, last_write, axis=1), bits)
     idx = np.stack((ops, bits), axis=2).reshape(B, 2 * N)
     targets = np.full((B, 2 * N), -1)
