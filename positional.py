@@ -50,10 +50,6 @@ class Terms(NamedTuple):
     u: torch.Tensor
     w: torch.Tensor
 
-    def rows(self, s, e):
-        """The terms of query rows [s, e)."""
-        return Terms(self.u[..., s:e], self.w)
-
     def map(self):
         """B itself, [B, H, Tq, Tk]."""
         return self.u[..., :, None] - self.w[..., None, :]
@@ -256,13 +252,12 @@ def set_rope_scaling(model, kind, s=0.0, length=None, alpha=1.0, beta=32.0):
     ropes = [pe for pe in model.pe if isinstance(pe, RoPE)]
     if kind != 'none' and not ropes:
         raise ValueError(f"rope_scaling={kind!r} applies to RoPE models only; this one has pos={model.config.pos!r}")
-    block = model.config.block_size
     if kind == 'none':
         s = 1.0
     elif not s:
         if length is None:
             raise ValueError("rope_scale=0 derives s from the evaluation length, which was not given")
-        s = max(1.0, length / block)
+        s = max(1.0, length / model.config.block_size)
     for pe in ropes:
         pe.set_scaling(kind, s, alpha, beta)
     return s
@@ -528,7 +523,6 @@ class FoX(PositionalEncoding):
         return Terms(state[..., pos_q], state[..., pos_k])
 
 
-
 # PaTH (Yang et al. 2025) multiplies where the others add: between key j and query i every token t in
 # j < t <= i applies H_t = I - beta_t w_t w_t^T to the key,
 #
@@ -678,7 +672,7 @@ class PaTH(PositionalEncoding):
 
 class PaTHFoX(PaTH):
     """PaTH with FoX's forget gate (the authors' PaTH-FoX): PaTH's logits plus the bias B_ij = (c_i - c_j) /
-    sqrt(hs), FoX's (below) times the attention scale, as the authors' kernels scale it (FoX's own bias is
+    sqrt(hs), FoX's (above) times the attention scale, as the authors' kernels scale it (FoX's own bias is
     not scaled). DAPE reads it as B."""
 
     def __init__(self, config):
@@ -694,8 +688,7 @@ class PaTHFoX(PaTH):
         return super().state(x, k, prev)._replace(c=FoX.state(self, x, k, None if prev is None else prev.c))
 
     def bias(self, pos_q, pos_k, q=None, k=None, state=None):
-        c = state.c / math.sqrt(self.head_size)
-        return Terms(c[..., pos_q], c[..., pos_k])
+        return FoX.bias(self, pos_q, pos_k, state=state.c / math.sqrt(self.head_size))
 
 # -----------------------------------------------------------------------------
 
