@@ -24,26 +24,19 @@ class _Stop(Exception):
 def capture_layers(model, idx, layer_ids):
     """Run the model on idx [B, T] up to the last of layer_ids; return {layer: dict(x, pe, pos_q, pos_k,
     out)} with each layer's attention input (after ln_1), its arguments and its output."""
-    captured, handles = {}, []
-    last = max(layer_ids)
+    captured, last = {}, max(layer_ids)
 
-    def pre_hook(layer):
-        def hook(module, args, kwargs):
+    def hook(layer):
+        def record(module, args, kwargs, output):
             names = ('x', 'pe', 'pos_q', 'pos_k')
             captured[layer] = {n: kwargs.get(n, args[i] if i < len(args) else None) for i, n in enumerate(names)}
-        return hook
-
-    def post_hook(layer):
-        def hook(module, args, kwargs, output):
             captured[layer]['out'] = output
             if layer == last:
                 raise _Stop
-        return hook
+        return record
 
-    for layer in layer_ids:
-        attn = model.transformer.h[layer].attn
-        handles.append(attn.register_forward_pre_hook(pre_hook(layer), with_kwargs=True))
-        handles.append(attn.register_forward_hook(post_hook(layer), with_kwargs=True))
+    handles = [model.transformer.h[layer].attn.register_forward_hook(hook(layer), with_kwargs=True)
+               for layer in layer_ids]
     try:
         with torch.no_grad():
             model(idx)
@@ -62,10 +55,9 @@ def layer_terms(attn, x, pe, pos, rows):
     stick-breaking, and before log-length scaling) and the attention weights, each [H, R, T] float32 (None
     where the model has none), and `out` [R, C], the layer's output at those rows computed from them (equal to
     its forward's: the test of this function)."""
-    T = x.shape[1]
     q, k, v = attn.qkv(x, pe, pos)
     qi = torch.as_tensor(rows, device=x.device)
-    ki = torch.arange(T, device=x.device)
+    ki = torch.arange(x.shape[1], device=x.device)
     state = pe.state(x, k) if pe.reads_input else None
     A, bias = attn.scores(q[:, :, qi], k, pe, pos[qi], pos, qi, ki, state)
     content = (q[:, :, qi] @ k.transpose(-1, -2)).float() / math.sqrt(q.shape[-1])
@@ -112,16 +104,13 @@ def head_values(model, distances):
     adds it). A list with one dict per encoding module (one per layer, or one shared by all layers)."""
     out = []
     for pe in model.pe:
-        vals = {}
-        for name, t in list(pe.named_parameters()) + list(pe.named_buffers()):
-            if t.numel() == pe.n_head:
-                vals[name] = [round(float(v), 6) for v in t.flatten()]
+        vals = {name: [round(float(v), 6) for v in t.flatten()]
+                for name, t in [*pe.named_parameters(), *pe.named_buffers()] if t.numel() == pe.n_head}
         if pe.has_bias and not pe.needs_content and not pe.reads_input:
             dev = next(model.parameters()).device
-            bias_at = {}
+            vals['bias_at'] = {}
             for d in distances:
                 b = as_map(pe.bias(torch.tensor([d], device=dev), torch.tensor([0], device=dev))).float()
-                bias_at[str(d)] = [round(float(v), 6) for v in b.reshape(-1, pe.n_head).mean(0)]
-            vals['bias_at'] = bias_at
+                vals['bias_at'][str(d)] = [round(float(v), 6) for v in b.reshape(-1, pe.n_head).mean(0)]
         out.append(vals)
     return out
