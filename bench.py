@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 import dape_torch
 from common import code_version, cpu_name, machine_text
-from results import format_table
+from results import format_table, measured
 from configurator import config_defaults, configure
 from dape import DAPEV1, DAPEV2
 from model import GPT, GPTConfig, KVCache
@@ -202,13 +202,13 @@ def return_freed_memory_to_os():
 def run_memory_jobs():
     released = return_freed_memory_to_os()
     for fn, store in MEMORY_JOBS:
-        measured = []
+        peaks = []
         for _ in range(2):  # the lower of two calls: the first can include one-time allocations
             gc.collect()
             if released:
                 ctypes.CDLL("libc.so.6").malloc_trim(0)
-            measured.append(peak_memory(fn, "cpu"))
-        store(*min(measured))
+            peaks.append(peak_memory(fn, "cpu"))
+        store(*min(peaks))
     MEMORY_JOBS.clear()
     return released
 
@@ -860,10 +860,6 @@ def markdown(header, rows):
     return format_table(header, rows, markdown=True)
 
 
-def cell(row, key, fmt):
-    return format(row[key], fmt) if row.get(key) is not None else row.get("skipped", "-")
-
-
 def bench_tables(res):
     """The Markdown of a bench.py run: where, when and how loaded, then a table per section it ran."""
     m = res["meta"]
@@ -884,8 +880,9 @@ def bench_tables(res):
                 markdown(["pos", "dape"] + ["attn"] * variants + ["ms (min)", "x none", f"x {ref}"]
                          + ["x softmax"] * variants,
                          [[r["pos"], r["dape"]] + [r.get("attn", "softmax")] * variants
-                          + [f"{r['ms']:.1f} ({r['ms_min']:.1f})", cell(r, "ratio", ".2f"), cell(r, "vs_ref", ".2f")]
-                          + [cell(r, "vs_softmax", ".2f")] * variants for r in r0["rows"]])]
+                          + [f"{r['ms']:.1f} ({r['ms_min']:.1f})", measured(r, "ratio", ".2f"),
+                             measured(r, "vs_ref", ".2f")]
+                          + [measured(r, "vs_softmax", ".2f")] * variants for r in r0["rows"]])]
     if "module" in res:
         r0 = res["module"]
         out += [f"DAPE alone, forward + backward, {r0['n_head']} heads, D = {r0['width']}, V2 k = {r0['kernel']}: "
@@ -902,8 +899,8 @@ def bench_tables(res):
         out += ["Evaluation forward, batch 1, loss on the last 256 tokens; blocked: queries in blocks, as the "
                 "model evaluates by default (peak: memory allocated beyond the model):",
                 markdown(["pos", "dape", "T", "blocked", "ms", "us per token", "peak MB"],
-                         [[r["pos"], r["dape"], str(r["T"]), "yes" if r["blocked"] else "no", cell(r, "ms", ".0f"),
-                           cell(r, "us_per_token", ".0f"), cell(r, "peak_mb", "")] for r in r0["rows"]])]
+                         [[r["pos"], r["dape"], str(r["T"]), "yes" if r["blocked"] else "no", measured(r, "ms", ".0f"),
+                           measured(r, "us_per_token", ".0f"), measured(r, "peak_mb", "")] for r in r0["rows"]])]
     if "decide" in res:
         r0 = res["decide"]
         out.append(f"Checking dape.py's code before a call: {r0['per_call_us']:.1f} us per layer, "
@@ -924,8 +921,8 @@ def bench_tables(res):
                 f"paired rounds; x base: the encoding without DAPE):",
                 markdown(["model", "T x batch", "compiled", "ms", f"x {r0['reference']}", "x base", "peak MB"],
                          [[r["model"], f"{r['T']} x {r['batch']}", "yes" if r["compiled"] else "no",
-                           cell(r, "ms", ".1f"), cell(r, "ratio", ".2f"), cell(r, "vs_base", ".2f"),
-                           cell(r, "peak_mb", "")] for r in r0["rows"]])]
+                           measured(r, "ms", ".1f"), measured(r, "ratio", ".2f"), measured(r, "vs_base", ".2f"),
+                           measured(r, "peak_mb", "")] for r in r0["rows"]])]
     return "\n\n".join(out)
 
 

@@ -22,6 +22,7 @@ collected and skipped, each saying why); it writes results/gpu_dry.json unless -
 it never replaces a measurement.
 """
 
+import functools
 import json
 import os
 import platform
@@ -31,9 +32,9 @@ import sys
 import tempfile
 import time
 
-from bench import cell, markdown
 from common import code_version, cpu_name, machine_text
 from configurator import config_defaults, configure
+from results import format_table, measured
 
 # -----------------------------------------------------------------------------
 # config (nanoGPT style: these globals are the defaults, overridden by --key=value)
@@ -135,7 +136,9 @@ def machine():
 
 
 # -----------------------------------------------------------------------------
-# tables (bench.py's markdown and cell: a figure, or why the row has none)
+# tables: Markdown, a cell a figure or why the row has none (results.measured)
+
+markdown = functools.partial(format_table, markdown=True)
 
 
 def tables(res):
@@ -161,15 +164,15 @@ def tables(res):
               f"eager; x {ref}: in rounds paired with {ref}'s; x base: against the encoding without DAPE "
               f"({bench['seconds']:.0f} s for the benchmark):", ""]
     lines.append(markdown(["model", "T x batch", "ms", f"x {ref}", "x base", "peak GB"], [
-        [r["model"], f"{r['T']} x {r['batch']}", cell(r, "ms", ".1f"), cell(r, "ratio", ".2f"),
-         cell(r, "vs_base", ".2f"), f"{r['peak_mb'] / 1024:.1f}" if r.get("peak_mb") else "-"]
+        [r["model"], f"{r['T']} x {r['batch']}", measured(r, "ms", ".1f"), measured(r, "ratio", ".2f"),
+         measured(r, "vs_base", ".2f"), f"{r['peak_mb'] / 1024:.1f}" if r.get("peak_mb") else "-"]
         for r in bench["rows"] if not r.get("compiled")]))
     lengths = sorted({e["T"] for e in bench["eval"]})
     names = list(dict.fromkeys(e["model"] for e in bench["eval"]))
     at = {(e["model"], e["T"]): e for e in bench["eval"]}
     lines += ["", "Evaluation forward, batch 1, bf16, loss on the last 256 tokens (ms, and x " + ref + "):", ""]
     lines.append(markdown(["model"] + [f"{T} tokens" for T in lengths] + [f"peak GB at {lengths[-1]}"], [
-        [name] + [f"{cell(at[name, T], 'ms', '.1f')} ({cell(at[name, T], 'ratio', '.2f')})" for T in lengths]
+        [name] + [f"{measured(at[name, T], 'ms', '.1f')} ({measured(at[name, T], 'ratio', '.2f')})" for T in lengths]
         + [f"{at[name, lengths[-1]]['peak_mb'] / 1024:.1f}" if at[name, lengths[-1]].get("peak_mb") else "-"]
         for name in names]))
     lines += ["", "The fused kernel's targets:", ""]

@@ -43,6 +43,12 @@ def length_table(items, lengths, first, cell, markdown=False):
                         [[f(x) for _, f in first] + [cell(x, L) for L in lengths] for x in items], markdown)
 
 
+def measured(row, key, fmt):
+    """A measured figure in a table (bench.py, gpu_check.py): row[key] formatted, or why the row has none (its
+    'skipped' reason, else '-')."""
+    return format(row[key], fmt) if row.get(key) is not None else row.get("skipped", "-")
+
+
 def jsonable(obj):
     """For json.dump: length keys as strings, numpy scalars as Python numbers, and no NaN anywhere."""
     if isinstance(obj, dict):
