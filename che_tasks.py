@@ -235,10 +235,6 @@ _NOT_RESULT_KEYS = {'out_dir', 'plot', 'resume', 'grid', 'grid_tasks', 'grid_pos
                     'tables_from', 'rounding_from'}
 
 
-def _same_run(saved, cfg):
-    return all(saved.get(k) == v for k, v in cfg.items() if k not in _NOT_RESULT_KEYS)
-
-
 def _load_run(path):
     """A run's record in out_dir/runs/, which resume=True reuses; a ValueError naming it where it is not whole
     JSON (cut short by a full disk or a copy): it is left for the user to delete, as it may be all there is of
@@ -261,7 +257,7 @@ def run_one(cfg, log=print, command='unknown'):
         saved = _load_run(_run_path(cfg))
         if cfg['dape'] != 'none' and (saved.get('dape_py') or {}).get('sha256') != dape_py['sha256']:
             log(f"== {_run_path(cfg)}: trained with another dape.py, or before runs recorded it: run again")
-        elif _same_run(saved.get('config', {}), cfg):
+        elif all(saved.get('config', {}).get(k) == v for k, v in cfg.items() if k not in _NOT_RESULT_KEYS):
             log(f"== {_run_path(cfg)}: finished earlier with the same settings, reused")
             return saved
         else:
@@ -541,15 +537,12 @@ def check_config(cfg):
     """Fail before any training on a bad task name or a (pos, dape) the model rejects (builds every
     cell's GPTConfig, which validates itself: ValueError naming the field), and on a file it would read or
     write only afterwards: save_runs, tables_from, rounding_from and the run records resume=True reuses."""
-    if cfg['grid']:
-        tasks = resolve_tasks(cfg['grid_tasks'])
-        outside = set(_split(cfg['grid_dape_pos'])) - set(_split(cfg['grid_pos']))
-        if outside:
-            raise ValueError(f"grid_dape_pos names {', '.join(sorted(outside))}, which grid_pos="
-                             f"{cfg['grid_pos']!r} does not run: list them in grid_pos too")
-        cells = [(t, p, d) for t in tasks for p, d in grid_columns(cfg)]
-    else:
-        cells = [(get_task(cfg['task']).name, cfg['pos'], cfg['dape'])]
+    tasks, columns = table_selection(cfg)  # a grid's unknown task is an error here (resolve_tasks), a cell's below
+    outside = set(_split(cfg['grid_dape_pos'])) - set(_split(cfg['grid_pos']))
+    if cfg['grid'] and outside:
+        raise ValueError(f"grid_dape_pos names {', '.join(sorted(outside))}, which grid_pos="
+                         f"{cfg['grid_pos']!r} does not run: list them in grid_pos too")
+    cells = [(t, p, d) for t in tasks for p, d in columns]
     if not cells:
         raise ValueError("the grid is empty: set grid_tasks, grid_pos and grid_dape")
     for t, p, d in cells:

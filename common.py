@@ -350,8 +350,7 @@ def load_val(path):
     """The validation split as a read-only memmap, and the dataset's meta.json."""
     from tokenizer import load_meta
     meta = load_meta(path)
-    data = np.memmap(os.path.join(path, 'val.bin'), dtype=np.dtype(meta['dtype']), mode='r')
-    return data, meta
+    return np.memmap(os.path.join(path, 'val.bin'), dtype=np.dtype(meta['dtype']), mode='r'), meta
 
 
 # -----------------------------------------------------------------------------

@@ -92,9 +92,7 @@ def passkey_prompts(tok, lengths, depths, trials, seed, data=None, digits=DIGITS
                         raise ValueError(f"the filler data holds {len(data)} tokens, fewer than length {L} needs")
                     start = int(rng.integers(0, len(data) - L + 1))
                     filler = data[start:start + L]
-                p = make_prompt(tok, key, filler, L, depth)
-                p['trial'] = t
-                prompts.append(p)
+                prompts.append(dict(make_prompt(tok, key, filler, L, depth), trial=t))
     return prompts
 
 
