@@ -20,7 +20,6 @@ import datetime
 import functools
 import hashlib
 import inspect
-import itertools
 import json
 import linecache
 import os
@@ -427,9 +426,13 @@ def cpu_name():
     'AMD EPYC'), so figures compare only within one run on one of them."""
     import platform
     try:
-        with open('/proc/cpuinfo') as f:  # the first processor's fields (up to the first blank line) are enough
-            fields = {key.strip(): value.strip()
-                      for key, _, value in (line.partition(':') for line in itertools.takewhile(str.strip, f))}
+        with open('/proc/cpuinfo') as f:
+            fields = {}
+            for line in f:
+                if not line.strip():
+                    break  # the first processor's fields are enough
+                key, _, value = line.partition(':')
+                fields[key.strip()] = value.strip()
         number = f" (family {fields['cpu family']}, model {fields['model']})" \
             if 'cpu family' in fields and 'model' in fields else ''
         return fields['model name'] + number

@@ -94,11 +94,17 @@ def gpt2_encoding():
         vocab_bpe, encoder_json = files
         if _sha256(vocab_bpe) == GPT2_VOCAB_BPE_SHA256 and _sha256(encoder_json) == GPT2_ENCODER_JSON_SHA256:
             from tiktoken.load import data_gym_to_mergeable_bpe_ranks
-            from unittest import mock
             # TIKTOKEN_CACHE_DIR='' makes tiktoken read the local files directly instead of also copying
             # them into its cache dir (which may be read-only); the hashes were checked just above.
-            with mock.patch.dict(os.environ, TIKTOKEN_CACHE_DIR=""):  # then the environment as it was
+            saved = os.environ.get("TIKTOKEN_CACHE_DIR")
+            os.environ["TIKTOKEN_CACHE_DIR"] = ""
+            try:
                 ranks = data_gym_to_mergeable_bpe_ranks(vocab_bpe_file=vocab_bpe, encoder_json_file=encoder_json)
+            finally:
+                if saved is None:
+                    del os.environ["TIKTOKEN_CACHE_DIR"]
+                else:
+                    os.environ["TIKTOKEN_CACHE_DIR"] = saved
             return tiktoken.Encoding(name="gpt2", pat_str=GPT2_PAT_STR, mergeable_ranks=ranks,
                                      special_tokens={"<|endoftext|>": GPT2_EOT},
                                      explicit_n_vocab=GPT2_VOCAB_SIZE)
