@@ -292,12 +292,18 @@ def test_the_fast_paths_record_the_dape_py_they_implement():
     warning. Whoever wants the fast paths on the edit changes them to compute it (their equality tests above and
     in tests/test_dape_triton.py must pass) and sets the record to what the message says."""
     now = {cls.__qualname__: fingerprint.definition([cls]) for cls in (DAPEV1, DAPEV2)}
-    lines = [f'    "{c}": {{\n' + "".join(f'        "{k}": {json.dumps(d[k])},\n' for k in sorted(d, key=str.lower))
-             + "    }," for c, d in now.items()]
+    # printed as dape_torch.py writes it: the entries both classes hold once (_SHARED), then each class's own
+    shared = {k: v for k, v in now["DAPEV1"].items() if now["DAPEV2"].get(k) == v}
+    entries = lambda d, indent: "".join(f'{indent}"{k}": {json.dumps(d[k])},\n' for k in sorted(d, key=str.lower))
+    text = ("_SHARED = {\n" + entries(shared, "    ") + "}\nIMPLEMENTS = {\n"
+            + "".join(f'    "{c}": {{\n        **_SHARED,\n' + entries({k: v for k, v in d.items() if k not in shared},
+                                                                     "        ") + "    },\n" for c, d in now.items())
+            + "}")
     assert now == dape_torch.IMPLEMENTS, (
         "dape.py is not the version that the fast paths implement: the plain form runs it. To run it on the fast "
-        "paths, change dape_torch.py and dape_triton.py to compute it, then set dape_torch.IMPLEMENTS to:\n"
-        + "\n".join(lines))
+        "paths, change dape_torch.py and dape_triton.py to compute it, then set dape_torch._SHARED and "
+        "IMPLEMENTS to:\n" + text)
+    assert dape_torch._SHARED == shared and text in open(dape_torch.__file__).read()  # the message prints the file's form
     for cls in (DAPEV1, DAPEV2):
         assert dape_paths.code_differs(cls(4)) is None
 
