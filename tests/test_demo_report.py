@@ -75,6 +75,25 @@ def test_published_is_a_path_inside_docs_results():
     assert not demo_report.is_published(os.path.join(demo_report.ROOT, "results", "demo"))
 
 
+def published(name):
+    """A published study's results.json (docs/results/NAME), and docs/demo_setting.md with its lines joined."""
+    with open(os.path.join(demo_report.ROOT, "docs", "results", name, "results.json")) as f:
+        results = json.load(f)
+    with open(os.path.join(demo_report.ROOT, "docs", "demo_setting.md")) as f:
+        return results, " ".join(f.read().split())
+
+
+def primary_apart(results):
+    """The registered primary test of a study at its floor: every DAPE-FIRE seed below every FIRE seed at 16x,
+    the exact p the smallest that the seeds allow. -> its length."""
+    groups = {g["label"]: g for g in results["groups"]}
+    L = demo_report.primary_length(results)
+    test = demo_report.exact_tests(results)[demo_report.PRIMARY][L]
+    assert test["p_exact"] == test["p_min"] < demo_report.ALPHA
+    assert max(groups["dape-fire"]["ppl"][str(L)]["values"]) < min(groups["fire"]["ppl"][str(L)]["values"])
+    return L
+
+
 def test_the_first_headline_and_the_whole_study_agree_where_they_overlap():
     """docs/demo_setting.md says seeds 1 to 3 of Kerple, DAPE-Kerple, FIRE and DAPE-FIRE have bit for bit the same
     perplexity at 1024 in the first five-seed headline (500 steps, docs/results/demo-500) and the whole study
@@ -124,42 +143,27 @@ def test_the_first_registrations_result_is_what_its_files_give():
 def test_the_registered_results_sentence_is_what_the_headline_gives():
     """docs/demo_setting.md's sentence on the registered test's result (350 steps, docs/results/demo): every
     DAPE-FIRE seed below every FIRE seed at 1024, the exact p at its floor, significant; recomputed here."""
-    with open(os.path.join(demo_report.ROOT, "docs", "results", "demo", "results.json")) as f:
-        results = json.load(f)
-    with open(os.path.join(demo_report.ROOT, "docs", "demo_setting.md")) as f:
-        page = " ".join(f.read().split())
+    results, page = published("demo")
     assert ("**Its result** (the run above, published 2026-12-02): DAPE-FIRE lower than FIRE at 1024 bytes, every "
             "DAPE-FIRE seed below every FIRE seed, exact p at its floor, significant at 0.05") in page
-    groups = {g["label"]: g for g in results["groups"]}
     assert {r["iter_num"] for r in results["runs"]} == {350} and "for 350 steps" in page
-    L = demo_report.primary_length(results)
-    assert L == 1024
-    test = demo_report.exact_tests(results)[demo_report.PRIMARY][L]
-    assert test["p_exact"] == test["p_min"] < demo_report.ALPHA
-    assert max(groups["dape-fire"]["ppl"]["1024"]["values"]) < min(groups["fire"]["ppl"]["1024"]["values"])
+    assert primary_apart(results) == 1024
 
 
 def test_the_headline_retest_sentence_is_what_its_files_give():
     """docs/demo_setting.md says the registered primary test's conclusion holds under ATen's default kernels: every
     DAPE-FIRE seed below every FIRE seed at 1024 there too, the exact p at its floor; recomputed from the retest's
     file (docs/results/demo_rounding_350), which holds the headline's seeds 1 to 5 of both at 350 steps."""
-    with open(os.path.join(demo_report.ROOT, "docs", "results", "demo_rounding_350", "results.json")) as f:
-        other = json.load(f)
-    with open(os.path.join(demo_report.ROOT, "docs", "demo_setting.md")) as f:
-        page = " ".join(f.read().split())
+    other, page = published("demo_rounding_350")
     assert ("with ATen's default kernels too, every DAPE-FIRE seed is below every FIRE seed at 1024 bytes (exact p "
             "0.0079, the floor)") in page
     assert {r["iter_num"] for r in other["runs"]} == {350}
     assert all("DEFAULT kernels" in r["trained_by"]["machine"] for r in other["runs"])
     groups = {g["label"]: g for g in other["groups"]}
     assert groups["fire"]["seeds"] == groups["dape-fire"]["seeds"] == demo_report.PRIMARY_SEEDS
-    L = demo_report.primary_length(other)
-    test = demo_report.exact_tests(other)[demo_report.PRIMARY][L]
-    assert f"{test['p_exact']:.2g}" == "0.0079" and test["p_exact"] == test["p_min"]
-    assert max(groups["dape-fire"]["ppl"][str(L)]["values"]) < min(groups["fire"]["ppl"][str(L)]["values"])
+    primary_apart(other)
     assert all(groups["dape-fire"]["ppl"][str(n)]["mean"] < groups["fire"]["ppl"][str(n)]["mean"]
                for n in other["lengths"])
-    with open(os.path.join(demo_report.ROOT, "docs", "results", "demo", "results.json")) as f:
-        native = json.load(f)
+    native, _ = published("demo")
     at = lambda results: {r["seed"]: r["results"]["1024"]["ppl"] for r in results["runs"] if r["label"] == "fire"}
     assert f"FIRE's seed 4 by {abs(at(native)[4] - at(other)[4]):.2f} at 16x" in page
