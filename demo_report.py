@@ -33,8 +33,8 @@ import shutil
 import sys
 
 from common import machine_text, provenance
-from results import (ALPHA, compare_means, difference_text, holm_over, length_table, mean_ci, mean_std_text, p_text,
-                     permutation_test, retest, retest_sides, significance)
+from results import (ALPHA, compare_means, difference_text, exact_holm_text, format_table, holm_over, length_table,
+                     mean_ci, mean_std_text, p_text, permutation_test, retest, retest_sides, significance)
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 START, END = "<!-- demo-results:start -->", "<!-- demo-results:end -->"
@@ -140,12 +140,12 @@ def rise_table(results, rises, alpha=ALPHA):
         return ""
     first, last = results["lengths"][0], results["lengths"][-1]
     ci = lambda m: f"{m[0]:.3f} [{m[1]:.3f}, {m[2]:.3f}]"
-    rows = [f"| DAPE-X vs X | DAPE-X's {last} / {first} | X's | difference | p |", "| --- " * 5 + "|"]
-    rows += [f"| {r['label']} vs {r['baseline']} | {ci(r['rise_a'])} | {ci(r['rise_b'])} | {r['diff']:+.3f} "
-             f"[{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}] | {r['p']:.3g} (exact {p_text(r['p_exact'])}, Holm "
-             f"{p_text(r['p_holm'])}) |" for r in rises]
+    table = format_table(["DAPE-X vs X", f"DAPE-X's {last} / {first}", "X's", "difference", "p"],
+                         [[f"{r['label']} vs {r['baseline']}", ci(r["rise_a"]), ci(r["rise_b"]),
+                           difference_text(r, "{:+.3f}"), f"{r['p']:.3g} ({exact_holm_text(r)})"] for r in rises],
+                         markdown=True)
     reachable = len(rises) * min(r["p_min"] for r in rises) < alpha
-    return ("\n".join(rows) + f"\n\nEach seed's perplexity at {last} over its own at {first}, mean and 95% interval "
+    return (table + f"\n\nEach seed's perplexity at {last} over its own at {first}, mean and 95% interval "
             f"over seeds; the difference with its Welch interval and Welch's p; the exact permutation test, and its "
             f"Holm adjustment over the {len(rises)} pair{'s' if len(rises) != 1 else ''} (one family)."
             + ("" if reachable else f" No comparison of this family can reach a Holm p below {alpha:g}: it is a "
@@ -190,7 +190,7 @@ def pvalue_table(results, tests):
         p, exact = c["p_value"][str(L)], tests[(c["label"], c["baseline"])].get(L)
         if p["status"] != "ok":
             return p["status"]
-        return f"{p['p']:.3g} (exact {p_text(exact['p_exact'])}, Holm {p_text(exact['p_holm'])})"
+        return f"{p['p']:.3g} ({exact_holm_text(exact)})"
     return length_table(tested(results), results["lengths"],
                         [("DAPE-X vs X", lambda c: f"{c['label']} vs {c['baseline']}")], p_cell, True)
 
