@@ -140,8 +140,14 @@ def check_data_fits(run, meta):
 
 def default_lengths(block_sizes, longest):
     """Each training length times 1, 2, 4, ... up to `longest`, merged over the checkpoints."""
-    return sorted({min(b, longest) for b in block_sizes}
-                  | {b * 2 ** i for b in block_sizes for i in range(1, longest.bit_length()) if b * 2 ** i <= longest})
+    out = set()
+    for b in block_sizes:
+        L = b
+        out.add(min(b, longest))
+        while L * 2 <= longest:
+            L *= 2
+            out.add(L)
+    return sorted(out)
 
 
 def window_ends(n_tokens, longest, K, n_windows, seed):

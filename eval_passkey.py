@@ -55,9 +55,9 @@ from common import (InputError, auto_labels, autocast, checkpoints_and_config, d
                     load_val, parse_list, pick_device, pick_dtype, resolve_data_dir, rope_scaling_options, run_main,
                     setting_of, trained_by, training_setting)
 from results import (MEASURES, SAME_PROTOCOL, compare_groups, comparison_caption, comparison_table, figure_from_files,
-                     group_rows, group_table, group_text, jsonable, learned_text, length_table, merge_rows,
-                     passkey_summary_table, read_passkey_results, read_results, retest_tables_from_files, seed_tables,
-                     write_json)
+                     group_rows, group_table, group_text, jsonable, learned_text, length_table, merge_rows, new_figure,
+                     passkey_summary_table, read_passkey_results, read_results, retest_tables_from_files, save_figure,
+                     seed_tables, write_json)
 from passkey import DIGITS, chance_logp_per_digit, passkey_prompts, score_prompts, summarize
 from positional import rope_scaling_label, set_rope_scaling
 from tokenizer import get_tokenizer, load_meta, tokenizer_of_vocab
@@ -152,17 +152,18 @@ def model_table(row, lens, markdown=False):
 
 def plot_heatmap(row, lens, path):
     """Accuracy and log-likelihood per token over length x depth, for one model."""
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
     deps = row['depths']
-    acc, lp = (np.array([[np.nan if isinstance(row['cells'][L], str) else scale * row['cells'][L][d][key] for L in lens]
-                         for d in deps]) for key, scale in (('accuracy', 100), ('logp_mean', 1)))
-    fig, axes = plt.subplots(1, 2, figsize=(11, 0.5 * len(deps) + 2.6))
+    acc, lp = np.full((len(deps), len(lens)), np.nan), np.full((len(deps), len(lens)), np.nan)
+    for j, L in enumerate(lens):
+        if not isinstance(row['cells'][L], str):  # a length not evaluated stays n/a
+            for i, d in enumerate(deps):
+                acc[i, j] = 100 * row['cells'][L][d]['accuracy']
+                lp[i, j] = row['cells'][L][d]['logp_mean']
+    fig, axes = new_figure(1, 2, (11, 0.5 * len(deps) + 2.6))
     panels = ((acc, 'exact match (%)', 'viridis', 0, 100, '{:.0f}'),
               (lp, 'log-likelihood per answer token (nats)', 'magma', min(np.nanmin(lp) if np.isfinite(lp).any() else -1,
                                                                          chance_logp_per_digit()), 0, '{:.2f}'))
-    for ax, (m, title, cmap, lo, hi, fmt) in zip(axes, panels):
+    for ax, (m, title, cmap, lo, hi, fmt) in zip(axes[0], panels):
         im = ax.imshow(m, cmap=cmap, vmin=lo, vmax=hi, aspect='auto')
         for i in range(len(deps)):
             for j in range(len(lens)):
@@ -175,9 +176,7 @@ def plot_heatmap(row, lens, path):
         ax.set_title(title, fontsize=10)
         fig.colorbar(im, ax=ax)
     fig.suptitle(f"passkey retrieval: {row['label']} ({row['trials']} samples per cell)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, 110)
 
 
 def file_name(label):
