@@ -595,7 +595,7 @@ def check_config(cfg):
         runs = read_results(cfg['tables_from'], 'tables_from', fix, keys=RUN_KEYS)['runs']
         if cfg['rounding_from']:
             read_results(cfg['rounding_from'], 'rounding_from', fix, keys=RUN_KEYS)
-        check_selection(cfg['tables_from'], runs, *table_selection(cfg), cfg)
+        check_selection(cfg['tables_from'], runs, tasks, columns, cfg)
     elif cfg['out_dir'] and cfg['resume']:  # a record cut short would stop the runs midway: say so before they start
         for (t, p, d), s, lr in itertools.product(cells, seeds, rates):
             path = _run_path(dict(cfg, task=t, pos=p, dape=d, seed=s, learning_rate=lr))
