@@ -103,12 +103,14 @@ def run_bench(cfg):
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "bench.json")
-        dry = "dry_" if cfg["dry"] else ""  # the dry run's settings: dry_shapes, dry_eval_lengths
-        size, repeats, warmup, eval_repeats = ("tiny", 1, 1, 1) if dry else ("125m", 5, 2, 3)
         args = ["--sections=gpu", f"--gpu_models={cfg['models']}", "--gpu_compile=eager",
-                f"--gpu_deadline={cfg['bench_seconds']}", f"--out={path}", f"--gpu_size={size}",
-                f"--gpu_shapes={cfg[dry + 'shapes']}", f"--gpu_eval_lengths={cfg[dry + 'eval_lengths']}",
-                f"--repeats={repeats}", f"--warmup={warmup}", f"--eval_repeats={eval_repeats}"]
+                f"--gpu_deadline={cfg['bench_seconds']}", f"--out={path}"]
+        if cfg["dry"]:
+            args += ["--gpu_size=tiny", f"--gpu_shapes={cfg['dry_shapes']}",
+                     f"--gpu_eval_lengths={cfg['dry_eval_lengths']}", "--repeats=1", "--warmup=1", "--eval_repeats=1"]
+        else:
+            args += ["--gpu_size=125m", f"--gpu_shapes={cfg['shapes']}", f"--gpu_eval_lengths={cfg['eval_lengths']}",
+                     "--repeats=5", "--warmup=2", "--eval_repeats=3"]
         try:
             run = subprocess.run([sys.executable, "bench.py"] + args, cwd=ROOT, capture_output=True, text=True,
                                  timeout=cfg["bench_seconds"] + 60)
