@@ -167,3 +167,23 @@ def test_the_headline_retest_sentence_is_what_its_files_give():
     native, _ = published("demo")
     at = lambda results: {r["seed"]: r["results"]["1024"]["ppl"] for r in results["runs"] if r["label"] == "fire"}
     assert f"FIRE's seed 4 by {abs(at(native)[4] - at(other)[4]):.2f} at 16x" in page
+
+
+def test_the_readmes_dape_paragraph_says_what_the_files_give():
+    """The figures of the README's "DAPE in a paragraph", recomputed: each seed's perplexity at 16x over its own at
+    1x (the mean over seeds) for FIRE, DAPE-FIRE and Kerple in the headline (docs/results/demo), Kerple with
+    log-length scaling in the whole study (docs/results/demo-full), and T5's in its one run of the search."""
+    with open(os.path.join(demo_report.ROOT, "README.md")) as f:
+        readme = f.read()
+    paragraph = " ".join(readme.split("**DAPE in a paragraph.**")[1].split("\n\n")[0].split())
+    headline, _ = published("demo")
+    whole, _ = published("demo-full")
+    rise = lambda results, label: demo_report.seed_ratio(
+        next(g for g in results["groups"] if g["label"] == label), results["lengths"][0], 16 * results["lengths"][0])[0]
+    assert f"FIRE degrades ({rise(headline, 'fire'):.2f}x at 16x over five seeds)" in paragraph
+    assert f"its rise ({rise(headline, 'dape-fire'):.2f}x)" in paragraph
+    assert f"Kerple barely rises ({rise(headline, 'kerple'):.2f}x)" in paragraph
+    assert f"log-length scaling {rise(whole, 'kerple+logn'):.2f}x over 3 seeds" in paragraph
+    with open(os.path.join(demo_report.ROOT, "docs", "results", "degrade_search.json")) as f:
+        t5 = next(t for t in json.load(f)["trials"] if t["name"] == "t5")
+    assert f"T5's bias rises {t5['ppl']['1024'] / t5['ppl']['64']:.1f}x at 16x in one run" in paragraph
